@@ -1,0 +1,33 @@
+# moraine developer recipes. `just --list` shows them. Nothing here is needed to build or test:
+# the README's two commands work without `just`.
+
+# Formatting, lints (warnings are errors) and docs.
+check:
+    cargo fmt --all -- --check
+    cargo clippy --all-targets -- -D warnings
+    cargo clippy --all-targets --features tikv -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
+
+# Everything the README's test command runs.
+test:
+    ./integration/run-tests
+
+# The TiKV backend's suite against the in-process fake cluster (or a real one with PD_ADDRS).
+test-tikv:
+    cargo test --locked --features tikv --all-targets
+
+# Serve on the embedded default.
+serve *ARGS:
+    cargo run -- serve {{ARGS}}
+
+# Regenerate the checked-in protobuf code from proto/ (uses a vendored protoc).
+proto:
+    cargo run --manifest-path proto/gen/Cargo.toml
+
+# Print the golden key and value vectors as the code produces them now. Never rewrites them.
+golden:
+    cargo test --lib golden -- --nocapture
+
+# Benchmarks (release profile).
+bench:
+    cargo bench

@@ -1,0 +1,294 @@
+//! Memcomparable keys.
+//!
+//! | bytes     | field                                                                  |
+//! |-----------|------------------------------------------------------------------------|
+//! | 0..=64    | deployment key prefix, `[A-Za-z0-9._-]`, empty on the embedded default |
+//! | 1         | subspace ([`Subspace`])                                                |
+//! | 1         | kind ([`Kind`])                                                        |
+//! | 8         | `table_id`, big-endian, sign bit flipped                               |
+//! | 8         | row id (`mapping_id` or `data_file_id`), big-endian, sign bit flipped  |
+//!
+//! Flipping the sign bit makes the unsigned byte order of an id equal its signed order, so
+//! `(table_id, row id)` tuples sort in the store exactly as the integers do and every table of
+//! one kind is one contiguous range. Prefix bytes are printable and subspace bytes are not, so
+//! two deployments' keys never interleave, even when one prefix starts another.
+
+use std::ops::RangeInclusive;
+
+use super::{CodecError, hex};
+use crate::kv::KeyRange;
+use crate::model::{DataFileId, MappingId, TableId};
+
+/// Longest deployment key prefix, in bytes.
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// Bytes after the prefix in every row key: subspace, kind, table id, row id.
+const ROW_KEY_LEN: usize = 1 + 1 + 8 + 8;
+
+/// The top-level division of the keyspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Subspace {
+    /// The current state of every catalog row.
+    Current = 0x01,
+    /// Secondary indexes (reserved; no kind lives here yet).
+    Index = 0x02,
+}
+
+/// What a key's row is. The kind tag follows the subspace byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// A `ducklake_column_mapping` row with its name-mapping rows, key `(table_id, mapping_id)`.
+    Mapping = 0x01,
+    /// A `ducklake_data_file` row, key `(table_id, data_file_id)`.
+    DataFile = 0x02,
+}
+
+impl Kind {
+    /// Every kind, in key order.
+    pub const ALL: [Kind; 2] = [Kind::Mapping, Kind::DataFile];
+
+    /// The subspace this kind lives in.
+    #[must_use]
+    pub fn subspace(self) -> Subspace {
+        match self {
+            Kind::Mapping | Kind::DataFile => Subspace::Current,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|kind| *kind as u8 == byte)
+    }
+}
+
+/// A validated deployment key prefix, so several lakes can share one TiKV cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct KeyPrefix(Box<[u8]>);
+
+impl KeyPrefix {
+    /// The empty prefix: the embedded default, one lake per store.
+    #[must_use]
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// A prefix of at most [`MAX_PREFIX_LEN`] bytes from `[A-Za-z0-9._-]`.
+    ///
+    /// # Errors
+    /// [`CodecError::InvalidKeyPrefix`] for any other byte or a longer prefix.
+    pub fn new(prefix: &str) -> Result<Self, CodecError> {
+        let invalid = |reason| CodecError::InvalidKeyPrefix {
+            prefix: prefix.to_owned(),
+            reason,
+        };
+        if prefix.len() > MAX_PREFIX_LEN {
+            return Err(invalid("longer than 64 bytes"));
+        }
+        if !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(invalid("only A-Z, a-z, 0-9, '.', '_' and '-' are allowed"));
+        }
+        Ok(Self(prefix.as_bytes().into()))
+    }
+
+    /// The prefix bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A decoded row key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RowKey {
+    /// The row's kind.
+    pub kind: Kind,
+    /// `table_id`.
+    pub table_id: TableId,
+    /// `mapping_id` or `data_file_id`, by kind.
+    pub id: i64,
+}
+
+/// Builds and parses the keys of one deployment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keyspace {
+    prefix: KeyPrefix,
+}
+
+impl Keyspace {
+    /// The keyspace of the deployment with `prefix`.
+    #[must_use]
+    pub fn new(prefix: KeyPrefix) -> Self {
+        Self { prefix }
+    }
+
+    /// This deployment's prefix.
+    #[must_use]
+    pub fn prefix(&self) -> &KeyPrefix {
+        &self.prefix
+    }
+
+    /// The key of mapping `mapping_id` of table `table_id`.
+    #[must_use]
+    pub fn mapping_key(&self, table_id: TableId, mapping_id: MappingId) -> Vec<u8> {
+        self.row_key(Kind::Mapping, table_id, mapping_id.0)
+    }
+
+    /// The key of data file `data_file_id` of table `table_id`.
+    #[must_use]
+    pub fn data_file_key(&self, table_id: TableId, data_file_id: DataFileId) -> Vec<u8> {
+        self.row_key(Kind::DataFile, table_id, data_file_id.0)
+    }
+
+    /// The key of row `id` of `kind` in table `table_id`.
+    #[must_use]
+    pub fn row_key(&self, kind: Kind, table_id: TableId, id: i64) -> Vec<u8> {
+        let mut key = self.table_head(kind, table_id);
+        key.extend_from_slice(&encode_i64(id));
+        key
+    }
+
+    /// Every row of `kind`: one range.
+    #[must_use]
+    pub fn kind_range(&self, kind: Kind) -> KeyRange {
+        range_of_prefix(self.kind_head(kind))
+    }
+
+    /// Every row of `kind` in table `table_id`: one contiguous range.
+    #[must_use]
+    pub fn table_range(&self, kind: Kind, table_id: TableId) -> KeyRange {
+        self.table_span(kind, table_id..=table_id)
+    }
+
+    /// Every row of `kind` in the tables `tables.start()..=tables.end()`: one range.
+    /// An empty interval gives an empty range.
+    #[must_use]
+    pub fn table_span(&self, kind: Kind, tables: RangeInclusive<TableId>) -> KeyRange {
+        let (lo, hi) = tables.into_inner();
+        if lo > hi {
+            let start = self.table_head(kind, lo);
+            return KeyRange::new(start.clone(), start);
+        }
+        let end = match hi.0.checked_add(1) {
+            Some(next) => self.table_head(kind, TableId(next)),
+            None => self.kind_range(kind).end,
+        };
+        KeyRange::new(self.table_head(kind, lo), end)
+    }
+
+    /// The ranges of a set of tables, sorted, each table once; neighbouring tables are merged
+    /// into one range.
+    #[must_use]
+    pub fn tables_ranges(
+        &self,
+        kind: Kind,
+        tables: impl IntoIterator<Item = TableId>,
+    ) -> Vec<KeyRange> {
+        let mut ids: Vec<i64> = tables.into_iter().map(|t| t.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut spans: Vec<(i64, i64)> = Vec::with_capacity(ids.len());
+        for id in ids {
+            match spans.last_mut() {
+                Some((_, hi)) if hi.checked_add(1) == Some(id) => *hi = id,
+                _ => spans.push((id, id)),
+            }
+        }
+        spans
+            .into_iter()
+            .map(|(lo, hi)| self.table_span(kind, TableId(lo)..=TableId(hi)))
+            .collect()
+    }
+
+    /// Parses a row key of this deployment.
+    ///
+    /// # Errors
+    /// A [`CodecError`] naming what does not match: prefix, subspace, kind or length.
+    pub fn decode(&self, key: &[u8]) -> Result<RowKey, CodecError> {
+        let rest = key
+            .strip_prefix(self.prefix.as_bytes())
+            .ok_or_else(|| CodecError::ForeignPrefix { key: hex(key) })?;
+        let Some((&subspace, rest)) = rest.split_first() else {
+            return Err(length_error(key, 0));
+        };
+        if subspace != Subspace::Current as u8 && subspace != Subspace::Index as u8 {
+            return Err(CodecError::UnknownSubspace {
+                key: hex(key),
+                subspace,
+            });
+        }
+        let Some((&kind_byte, ids)) = rest.split_first() else {
+            return Err(length_error(key, 1));
+        };
+        let kind = Kind::from_byte(kind_byte)
+            .filter(|kind| kind.subspace() as u8 == subspace)
+            .ok_or_else(|| CodecError::UnknownKind {
+                key: hex(key),
+                kind: kind_byte,
+            })?;
+        let (table, id) = ids
+            .split_first_chunk::<8>()
+            .and_then(|(table, rest)| Some((table, <&[u8; 8]>::try_from(rest).ok()?)))
+            .ok_or_else(|| length_error(key, 2 + ids.len()))?;
+        Ok(RowKey {
+            kind,
+            table_id: TableId(decode_i64(*table)),
+            id: decode_i64(*id),
+        })
+    }
+
+    fn kind_head(&self, kind: Kind) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.prefix.as_bytes().len() + ROW_KEY_LEN);
+        key.extend_from_slice(self.prefix.as_bytes());
+        key.push(kind.subspace() as u8);
+        key.push(kind as u8);
+        key
+    }
+
+    fn table_head(&self, kind: Kind, table_id: TableId) -> Vec<u8> {
+        let mut key = self.kind_head(kind);
+        key.extend_from_slice(&encode_i64(table_id.0));
+        key
+    }
+}
+
+fn length_error(key: &[u8], actual: usize) -> CodecError {
+    CodecError::KeyLength {
+        key: hex(key),
+        expected: ROW_KEY_LEN,
+        actual,
+    }
+}
+
+/// Big-endian with the sign bit flipped: byte order equals signed integer order.
+#[must_use]
+pub fn encode_i64(value: i64) -> [u8; 8] {
+    (value.cast_unsigned() ^ (1 << 63)).to_be_bytes()
+}
+
+/// The inverse of [`encode_i64`].
+#[must_use]
+pub fn decode_i64(bytes: [u8; 8]) -> i64 {
+    (u64::from_be_bytes(bytes) ^ (1 << 63)).cast_signed()
+}
+
+/// The range of every key that starts with `prefix`.
+///
+/// `prefix` always ends in a kind byte here, which is never `0xff`, so the successor is the
+/// prefix with its last byte incremented.
+fn range_of_prefix(prefix: Vec<u8>) -> KeyRange {
+    let mut end = prefix.clone();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            break;
+        }
+    }
+    KeyRange::new(prefix, end)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+//! The in-memory backend: a `BTreeMap` behind a lock, the reference model for tests.
+//!
+//! A snapshot shares the map of its moment; a commit copies the map only while snapshots
+//! still hold the old one. Nothing survives the process.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use async_trait::async_trait;
+
+use super::{
+    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize,
+    PreparedWrite, Requirement, ScanPage,
+};
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The in-memory backend.
+#[derive(Debug, Default)]
+pub struct MemoryBackend {
+    map: RwLock<Arc<Map>>,
+}
+
+#[async_trait]
+impl KvBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(Arc::new(MemorySnapshot {
+            map: Arc::clone(&map),
+        }))
+    }
+
+    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+        let mut guard = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(conflict) = first_unmet(&writes, |key| guard.contains_key(key)) {
+            return Ok(CommitOutcome::Conflict(conflict));
+        }
+        let map = Arc::make_mut(&mut guard);
+        for write in writes {
+            match write.write {
+                Some(Some(value)) => {
+                    map.insert(write.key, value);
+                }
+                Some(None) => {
+                    map.remove(&write.key);
+                }
+                None => {}
+            }
+        }
+        Ok(CommitOutcome::Committed)
+    }
+}
+
+/// The first requirement of `writes` that the store does not meet, as a conflict.
+/// Shared by backends that check requirements themselves.
+pub(crate) fn first_unmet(
+    writes: &[PreparedWrite],
+    mut present: impl FnMut(&[u8]) -> bool,
+) -> Option<Conflict> {
+    writes.iter().find_map(|write| match write.requirement {
+        Requirement::None => None,
+        Requirement::Absent => present(&write.key).then(|| Conflict::AlreadyExists {
+            key: write.key.clone(),
+        }),
+        Requirement::Present => (!present(&write.key)).then(|| Conflict::Missing {
+            key: write.key.clone(),
+        }),
+    })
+}
+
+struct MemorySnapshot {
+    map: Arc<Map>,
+}
+
+#[async_trait]
+impl KvSnapshot for MemorySnapshot {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        Ok(self.map.get(key).cloned())
+    }
+
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+        let items = self
+            .map
+            .range::<[u8], _>((
+                std::ops::Bound::Included(range.start.as_slice()),
+                std::ops::Bound::Excluded(range.end.as_slice()),
+            ))
+            .map(|(key, value)| {
+                Ok(KvPair {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+            });
+        fill_page(items, page)
+    }
+}
+
+/// Fills one page from an ordered iterator of pairs. Shared by the backends that scan with an
+/// iterator.
+pub(crate) fn fill_page<E>(
+    mut items: impl Iterator<Item = Result<KvPair, E>>,
+    page: PageSize,
+) -> Result<ScanPage, E> {
+    let mut out = ScanPage::default();
+    let mut bytes = 0;
+    loop {
+        if out.pairs.len() >= page.rows || bytes >= page.bytes {
+            return Ok(out);
+        }
+        let Some(item) = items.next() else {
+            out.exhausted = true;
+            return Ok(out);
+        };
+        let pair = item?;
+        bytes += pair.key.len() + pair.value.len();
+        out.pairs.push(pair);
+    }
+}

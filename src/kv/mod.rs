@@ -1,0 +1,408 @@
+//! The ordered transactional key-value store, backend-neutral.
+//!
+//! [`Store`] is what the rest of moraine holds. It wraps one [`KvBackend`] and is the one
+//! place that enforces the [`StoreLimits`] and the write-set rules, so that every backend
+//! accepts and refuses exactly the same commits:
+//! - a read is a [`Snapshot`]: point get, batch get and a range scan that streams pages and
+//!   stops when its consumer stops;
+//! - a write is one [`WriteSet`] committed atomically, with one of three outcomes
+//!   ([`CommitOutcome`]): committed, conflict (nothing written; may be retried), or unknown.
+//!
+//! Backends ([`memory`], [`redb`](mod@self::redb)) only see writes already checked and reduced to
+//! one [`PreparedWrite`] per key.
+
+pub mod memory;
+#[cfg(feature = "redb")]
+pub mod redb;
+mod write_set;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::{self, BoxStream, StreamExt as _};
+
+pub use write_set::{Mutation, PreparedWrite, Requirement, WriteSet};
+
+use crate::codec::hex;
+
+/// A half-open key range `[start, end)`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyRange {
+    /// First key in the range.
+    pub start: Vec<u8>,
+    /// First key after the range.
+    pub end: Vec<u8>,
+}
+
+impl KeyRange {
+    /// The range `[start, end)`.
+    #[must_use]
+    pub fn new(start: Vec<u8>, end: Vec<u8>) -> Self {
+        Self { start, end }
+    }
+
+    /// Whether `key` lies in the range.
+    #[must_use]
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.start.as_slice() <= key && key < self.end.as_slice()
+    }
+
+    /// Whether the range holds no key at all.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.start >= self.end
+    }
+}
+
+impl fmt::Debug for KeyRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}, {})", hex(&self.start), hex(&self.end))
+    }
+}
+
+/// One stored key and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvPair {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+}
+
+/// How much one page of a scan may hold. A page holds at least one pair while any remain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageSize {
+    /// At most this many pairs.
+    pub rows: usize,
+    /// Stop adding pairs once the page holds this many key and value bytes.
+    pub bytes: usize,
+}
+
+impl Default for PageSize {
+    fn default() -> Self {
+        Self {
+            rows: 1024,
+            bytes: 1 << 20,
+        }
+    }
+}
+
+/// One page of a scan, as a backend returns it.
+#[derive(Debug, Default)]
+pub struct ScanPage {
+    /// The pairs, in key order.
+    pub pairs: Vec<KvPair>,
+    /// No pair of the range lies after the last one returned.
+    pub exhausted: bool,
+}
+
+/// Limits every commit is checked against before any backend sees it.
+///
+/// The defaults sit under TiKV's (8 KiB keys, 8 MiB raft entries) so that a write accepted by
+/// the embedded store is also accepted by a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Longest key, in bytes.
+    pub max_key_bytes: usize,
+    /// Longest value, in bytes.
+    pub max_value_bytes: usize,
+    /// Most mutations in one write set.
+    pub max_write_set_ops: usize,
+    /// Most key and value bytes in one write set.
+    pub max_write_set_bytes: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            max_key_bytes: 4 << 10,
+            max_value_bytes: 6 << 20,
+            max_write_set_ops: 1 << 20,
+            max_write_set_bytes: 96 << 20,
+        }
+    }
+}
+
+/// Why a commit that reached the store did not apply. Nothing of it was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Conflict {
+    /// An insert-if-absent found its key already present.
+    #[error("key {} already exists", hex(key))]
+    AlreadyExists {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// A write that required its key to be present found it absent.
+    #[error("key {} does not exist", hex(key))]
+    Missing {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// A concurrent transaction wrote a key this one writes.
+    #[error("write conflict on key {}", key.as_deref().map(hex).unwrap_or_default())]
+    WriteConflict {
+        /// The key, where the backend names it.
+        key: Option<Vec<u8>>,
+    },
+}
+
+/// What became of a commit.
+///
+/// After `Committed` every mutation is durable and visible to later snapshots. After
+/// `Conflict` nothing was written: the caller may re-read and retry. After `Unknown` the
+/// commit may or may not have been applied: do not retry blindly; re-read to find out.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Applied, durably, all of it.
+    Committed,
+    /// Not applied, because the store's state did not allow it.
+    Conflict(Conflict),
+    /// The backend failed while committing; the commit may or may not have been applied.
+    Unknown {
+        /// The backend's account.
+        reason: String,
+    },
+}
+
+/// A store operation failed before anything could be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    /// A key over [`StoreLimits::max_key_bytes`].
+    #[error("key of {len} bytes exceeds the limit of {max}")]
+    KeyTooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A value over [`StoreLimits::max_value_bytes`].
+    #[error("value of {len} bytes for key {} exceeds the limit of {max}", hex(key))]
+    ValueTooLarge {
+        /// Its key.
+        key: Vec<u8>,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A write set over [`StoreLimits::max_write_set_ops`] or `max_write_set_bytes`.
+    #[error(
+        "write set of {ops} mutations and {bytes} bytes exceeds the limit of {max_ops} mutations and {max_bytes} bytes"
+    )]
+    WriteSetTooLarge {
+        /// Mutations in it.
+        ops: usize,
+        /// Key and value bytes in it.
+        bytes: usize,
+        /// The mutation limit.
+        max_ops: usize,
+        /// The byte limit.
+        max_bytes: usize,
+    },
+    /// A write set that inserts a key it already wrote, or requires a key it deleted.
+    #[error("write set contradicts itself at key {}: {reason}", hex(key))]
+    ContradictoryWriteSet {
+        /// The key.
+        key: Vec<u8>,
+        /// What the contradiction is.
+        reason: &'static str,
+    },
+    /// The backend could not be reached; nothing was attempted.
+    #[error("{backend} store unavailable: {reason}")]
+    Unavailable {
+        /// Which backend.
+        backend: &'static str,
+        /// Its account.
+        reason: String,
+    },
+    /// The backend failed (I/O, corruption of its own structures).
+    #[error("{backend} store failed: {reason}")]
+    Backend {
+        /// Which backend.
+        backend: &'static str,
+        /// Its account.
+        reason: String,
+    },
+}
+
+/// A consistent read view, as a backend implements it.
+#[async_trait]
+pub trait KvSnapshot: Send + Sync + 'static {
+    /// The value of `key` at this snapshot.
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError>;
+
+    /// The values of `keys`, in the same order.
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(self.get(key).await?);
+        }
+        Ok(out)
+    }
+
+    /// The first pairs of `range` in key order, at most `page.rows` of them, stopping after
+    /// the pair that brings the page to `page.bytes`.
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError>;
+}
+
+/// An ordered transactional key-value store, as a backend implements it.
+#[async_trait]
+pub trait KvBackend: Send + Sync + 'static {
+    /// A short name for messages: `memory`, `redb`, `tikv`.
+    fn name(&self) -> &'static str;
+
+    /// A consistent read view of the latest committed state.
+    async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError>;
+
+    /// Applies `writes` atomically: every requirement holds and every write lands, or nothing
+    /// does. `writes` is sorted by key, one entry per key, already checked against the limits.
+    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError>;
+}
+
+/// The store: one backend behind the limits and write-set rules every backend shares.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn KvBackend>,
+    limits: StoreLimits,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.backend.name())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Store {
+    /// A store over `backend` with `limits`.
+    #[must_use]
+    pub fn new(backend: Arc<dyn KvBackend>, limits: StoreLimits) -> Self {
+        Self { backend, limits }
+    }
+
+    /// A fresh in-memory store with default limits.
+    #[must_use]
+    pub fn memory() -> Self {
+        Self::new(
+            Arc::new(memory::MemoryBackend::default()),
+            StoreLimits::default(),
+        )
+    }
+
+    /// The backend's name.
+    #[must_use]
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// The limits in force.
+    #[must_use]
+    pub fn limits(&self) -> StoreLimits {
+        self.limits
+    }
+
+    /// A consistent read view of the latest committed state.
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend cannot provide one.
+    pub async fn snapshot(&self) -> Result<Snapshot, KvError> {
+        Ok(Snapshot {
+            inner: self.backend.snapshot().await?,
+        })
+    }
+
+    /// Commits `writes` atomically.
+    ///
+    /// # Errors
+    /// [`KvError`] when the write set breaks a limit or contradicts itself, or the backend
+    /// fails before committing; nothing was written then. Otherwise see [`CommitOutcome`].
+    pub async fn commit(&self, writes: WriteSet) -> Result<CommitOutcome, KvError> {
+        let prepared = writes.prepare(&self.limits)?;
+        if prepared.is_empty() {
+            return Ok(CommitOutcome::Committed);
+        }
+        self.backend.commit(prepared).await
+    }
+}
+
+/// A consistent read view: every read through it sees the same committed state.
+#[derive(Clone)]
+pub struct Snapshot {
+    inner: Arc<dyn KvSnapshot>,
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Snapshot")
+    }
+}
+
+impl Snapshot {
+    /// The value of `key`.
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend fails.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key).await
+    }
+
+    /// The values of `keys`, in the same order.
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend fails.
+    pub async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.inner.batch_get(keys).await
+    }
+
+    /// Streams `range` in key order, one page per item, with the default [`PageSize`].
+    #[must_use]
+    pub fn scan(&self, range: KeyRange) -> BoxStream<'static, Result<Vec<KvPair>, KvError>> {
+        self.scan_pages(range, PageSize::default())
+    }
+
+    /// Streams `range` in key order, one page per item. Each page is read when the consumer
+    /// asks for it; dropping the stream stops the scan. The stream ends after the first error.
+    #[must_use]
+    pub fn scan_pages(
+        &self,
+        range: KeyRange,
+        page: PageSize,
+    ) -> BoxStream<'static, Result<Vec<KvPair>, KvError>> {
+        let page = PageSize {
+            rows: page.rows.max(1),
+            bytes: page.bytes.max(1),
+        };
+        let snapshot = Arc::clone(&self.inner);
+        let state = (!range.is_empty()).then_some(range);
+        stream::unfold(state, move |state| {
+            let snapshot = Arc::clone(&snapshot);
+            async move {
+                let mut range = state?;
+                match snapshot.scan_page(&range, page).await {
+                    Err(err) => Some((Err(err), None)),
+                    Ok(ScanPage { pairs, exhausted }) => {
+                        let next = match pairs.last() {
+                            Some(last) if !exhausted => {
+                                let mut start = last.key.clone();
+                                start.push(0);
+                                range.start = start;
+                                (!range.is_empty()).then_some(range)
+                            }
+                            _ => None,
+                        };
+                        if pairs.is_empty() {
+                            None
+                        } else {
+                            Some((Ok(pairs), next))
+                        }
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+}

@@ -1,0 +1,38 @@
+//! moraine: an Arrow Flight SQL server for DuckLake's foreign-file mapping catalog.
+//!
+//! # Architecture
+//!
+//! ```text
+//!   Flight SQL clients (ADBC, pyarrow.flight)
+//!        │ gRPC                                   flight/   (protocol glue; not yet built)
+//!   ┌────┴──────────────┐
+//!   query/ (DataFusion)  write/ (stage, fold,      (not yet built)
+//!   streams projections  validate, commit)
+//!   └────┬──────────────┘
+//!        │ model::{ColumnMapping, DataFile}       model/    pure domain, no I/O
+//!        │ codec: keys and values as bytes        codec/    the only code that knows bytes
+//!        │ kv::Store: snapshots, atomic commits   kv/       backend-neutral; limits enforced here
+//!   memory │ redb (embedded default) │ TiKV
+//! ```
+//!
+//! # Key layout
+//!
+//! `[deployment prefix] [subspace] [kind] [table_id] [row id]`, ids big-endian with the sign
+//! bit flipped (see [`codec::key`]). Everything of one table in one kind is one contiguous
+//! range, so a table-scoped read or delete is a range operation.
+//!
+//! | kind        | subspace | key                        | value                      |
+//! |-------------|----------|----------------------------|----------------------------|
+//! | `mapping`   | current  | `(table_id, mapping_id)`   | `MappingValue` (+ names)   |
+//! | `data_file` | current  | `(table_id, data_file_id)` | `DataFileValue`            |
+//!
+//! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
+
+pub mod codec;
+pub mod config;
+pub mod error;
+pub mod kv;
+pub mod model;
+pub mod server;
+
+pub use error::{Error, Result};
