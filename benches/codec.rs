@@ -29,10 +29,10 @@ fn codec(c: &mut Criterion) {
     let mut group = c.benchmark_group("mapping_record");
     group.throughput(Throughput::Bytes(bytes.len() as u64));
     group.bench_function("encode", |b| {
-        b.iter(|| encode_mapping(std::hint::black_box(&record)))
+        b.iter(|| encode_mapping(std::hint::black_box(&record)));
     });
     group.bench_function("decode", |b| {
-        b.iter(|| decode_mapping(std::hint::black_box(&bytes)))
+        b.iter(|| decode_mapping(std::hint::black_box(&bytes)));
     });
     group.finish();
 

@@ -601,3 +601,5 @@ macro_rules! conformance_suite {
 }
 
 conformance_suite!(Memory, Redb);
+#[cfg(feature = "tikv")]
+conformance_suite!(Tikv);

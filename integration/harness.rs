@@ -18,6 +18,9 @@ pub struct TestStore {
     /// Counts the pages every snapshot of this store has read.
     pub pages_read: Arc<AtomicUsize>,
     pub _dir: Option<TempDir>,
+    /// The fake TiKV cluster the store runs on, kept running while the store lives.
+    #[cfg(feature = "tikv")]
+    pub cluster: Option<Arc<crate::fake_tikv::FakeCluster>>,
 }
 
 /// Which backend a test runs on.
@@ -25,6 +28,11 @@ pub struct TestStore {
 pub enum Backend {
     Memory,
     Redb,
+    /// `TikvBackend` over a fresh in-process fake cluster with several regions, or over the
+    /// real cluster whose PD endpoints `PD_ADDRS` lists (comma-separated), each test under a
+    /// key prefix of its own.
+    #[cfg(feature = "tikv")]
+    Tikv,
 }
 
 impl Backend {
@@ -33,8 +41,16 @@ impl Backend {
     }
 
     pub async fn open_with(self, limits: StoreLimits) -> TestStore {
+        #[cfg(feature = "tikv")]
+        let mut cluster = None;
         let (backend, dir): (Arc<dyn KvBackend>, _) = match self {
             Backend::Memory => (Arc::new(MemoryBackend::default()), None),
+            #[cfg(feature = "tikv")]
+            Backend::Tikv => {
+                let (backend, fake) = tikv::open().await;
+                cluster = fake;
+                (backend, None)
+            }
             Backend::Redb => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let backend = RedbBackend::open(dir.path()).await.expect("open redb");
@@ -50,6 +66,8 @@ impl Backend {
             store: Store::new(Arc::new(counting), limits),
             pages_read,
             _dir: dir,
+            #[cfg(feature = "tikv")]
+            cluster,
         }
     }
 }
@@ -96,5 +114,253 @@ impl KvSnapshot for CountingSnapshot {
     async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
         self.pages.fetch_add(1, Ordering::SeqCst);
         self.inner.scan_page(range, page).await
+    }
+}
+
+/// The whole catalog as DuckLake's rows, each table sorted: what a SQL catalog would hold.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CatalogRows {
+    pub column_mappings: Vec<moraine::model::ColumnMappingRow>,
+    pub name_mappings: Vec<moraine::model::NameMappingRow>,
+    pub data_files: Vec<moraine::model::DataFileRow>,
+}
+
+impl CatalogRows {
+    pub fn sorted(mut self) -> Self {
+        self.column_mappings
+            .sort_by_key(|r| (r.mapping_id, r.table_id));
+        self.name_mappings
+            .sort_by_key(|r| (r.mapping_id, r.column_id));
+        self.data_files.sort_by_key(|r| r.data_file_id);
+        self
+    }
+}
+
+/// Reads every row of the catalog through a fresh snapshot.
+pub async fn catalog_rows(catalog: &moraine::catalog::Catalog) -> CatalogRows {
+    use futures::TryStreamExt as _;
+    use moraine::codec::Kind;
+    let snapshot = catalog.snapshot().await.expect("snapshot");
+    let keyspace = catalog.keyspace();
+    let mut rows = CatalogRows::default();
+    let mappings: Vec<_> = snapshot
+        .mappings(
+            vec![keyspace.kind_range(Kind::Mapping)],
+            PageSize::default(),
+        )
+        .try_concat()
+        .await
+        .expect("scan mappings");
+    for mapping in mappings {
+        rows.column_mappings.push(mapping.column_row());
+        rows.name_mappings.extend(mapping.name_rows());
+    }
+    let files: Vec<_> = snapshot
+        .data_files(
+            vec![keyspace.kind_range(Kind::DataFile)],
+            PageSize::default(),
+        )
+        .try_concat()
+        .await
+        .expect("scan files");
+    rows.data_files = files.iter().map(moraine::model::DataFile::to_row).collect();
+    rows.sorted()
+}
+
+impl TestStore {
+    /// A catalog over this store, with a deployment prefix so keys of other deployments
+    /// would be visible as a bug.
+    pub fn catalog(&self) -> moraine::catalog::Catalog {
+        moraine::catalog::Catalog::new(
+            self.store.clone(),
+            moraine::codec::Keyspace::new(
+                moraine::codec::KeyPrefix::new("test-lake").expect("prefix"),
+            ),
+        )
+    }
+}
+
+#[cfg(feature = "tikv")]
+pub mod tikv {
+    //! The TiKV fixture: a fake cluster, or a real one named by `PD_ADDRS`.
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use async_trait::async_trait;
+    use moraine::kv::tikv::{TikvBackend, TikvOptions};
+    use moraine::kv::{
+        CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize,
+        PreparedWrite, ScanPage,
+    };
+
+    use crate::fake_tikv::{ClusterConfig, FakeCluster};
+
+    /// The conformance keys are `b"k"` and a big-endian `u32`.
+    fn conformance_key(i: u32) -> Vec<u8> {
+        let mut key = b"k".to_vec();
+        key.extend_from_slice(&i.to_be_bytes());
+        key
+    }
+
+    /// Regions split inside the conformance key space (twice) and after it.
+    pub fn three_regions_and_more() -> ClusterConfig {
+        ClusterConfig {
+            split_keys: vec![conformance_key(32), conformance_key(250), b"l".to_vec()],
+            stores: 2,
+        }
+    }
+
+    /// Options that keep fault tests short: a lock of a live writer is waited for 10 s at most.
+    pub fn test_options() -> TikvOptions {
+        TikvOptions {
+            connect_timeout: Duration::from_secs(5),
+            lock_wait: Duration::from_secs(10),
+            ..TikvOptions::default()
+        }
+    }
+
+    /// A fresh fake cluster and a backend connected to it.
+    pub async fn fake(config: ClusterConfig) -> (Arc<FakeCluster>, TikvBackend) {
+        let cluster = Arc::new(FakeCluster::start(config).await);
+        let backend = TikvBackend::connect_with(cluster.pd_endpoints(), test_options())
+            .await
+            .expect("connect to the fake cluster");
+        (cluster, backend)
+    }
+
+    /// The backend for [`Backend::Tikv`](super::Backend::Tikv).
+    pub async fn open() -> (Arc<dyn KvBackend>, Option<Arc<FakeCluster>>) {
+        match std::env::var("PD_ADDRS") {
+            Ok(addrs) if !addrs.trim().is_empty() => {
+                let endpoints = addrs.split(',').map(|a| a.trim().to_owned()).collect();
+                let backend = TikvBackend::connect_with(endpoints, test_options())
+                    .await
+                    .expect("connect to the cluster in PD_ADDRS");
+                (Arc::new(Prefixed::new(Arc::new(backend))), None)
+            }
+            _ => {
+                let (cluster, backend) = fake(three_regions_and_more()).await;
+                (Arc::new(backend), Some(cluster))
+            }
+        }
+    }
+
+    /// Puts every key of one test under a prefix of its own, so that tests sharing a real
+    /// cluster (and its leftovers) each see an empty store.
+    struct Prefixed {
+        inner: Arc<dyn KvBackend>,
+        prefix: Vec<u8>,
+    }
+
+    impl Prefixed {
+        fn new(inner: Arc<dyn KvBackend>) -> Self {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let prefix = format!(
+                "moraine-test/{nanos}-{}-{}/",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            );
+            Self {
+                inner,
+                prefix: prefix.into_bytes(),
+            }
+        }
+    }
+
+    fn with_prefix(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+        let mut out = prefix.to_vec();
+        out.extend_from_slice(key);
+        out
+    }
+
+    fn strip(prefix: &[u8], key: Vec<u8>) -> Vec<u8> {
+        key.get(prefix.len()..).map(<[u8]>::to_vec).unwrap_or(key)
+    }
+
+    #[async_trait]
+    impl KvBackend for Prefixed {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+
+        async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
+            Ok(Arc::new(PrefixedSnapshot {
+                inner: self.inner.snapshot().await?,
+                prefix: self.prefix.clone(),
+            }))
+        }
+
+        async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+            let p = &self.prefix;
+            let writes = writes
+                .into_iter()
+                .map(|w| PreparedWrite {
+                    key: with_prefix(p, &w.key),
+                    ..w
+                })
+                .collect();
+            Ok(match self.inner.commit(writes).await? {
+                CommitOutcome::Conflict(Conflict::AlreadyExists { key }) => {
+                    CommitOutcome::Conflict(Conflict::AlreadyExists { key: strip(p, key) })
+                }
+                CommitOutcome::Conflict(Conflict::Missing { key }) => {
+                    CommitOutcome::Conflict(Conflict::Missing { key: strip(p, key) })
+                }
+                CommitOutcome::Conflict(Conflict::WriteConflict { key }) => {
+                    CommitOutcome::Conflict(Conflict::WriteConflict {
+                        key: key.map(|k| strip(p, k)),
+                    })
+                }
+                other => other,
+            })
+        }
+    }
+
+    struct PrefixedSnapshot {
+        inner: Arc<dyn KvSnapshot>,
+        prefix: Vec<u8>,
+    }
+
+    #[async_trait]
+    impl KvSnapshot for PrefixedSnapshot {
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+            self.inner.get(&with_prefix(&self.prefix, key)).await
+        }
+
+        async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+            let keys: Vec<Vec<u8>> = keys.iter().map(|k| with_prefix(&self.prefix, k)).collect();
+            self.inner.batch_get(&keys).await
+        }
+
+        async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+            if range.is_empty() {
+                return Ok(ScanPage {
+                    pairs: Vec::new(),
+                    exhausted: true,
+                });
+            }
+            let range = KeyRange::new(
+                with_prefix(&self.prefix, &range.start),
+                with_prefix(&self.prefix, &range.end),
+            );
+            let page_out = self.inner.scan_page(&range, page).await?;
+            Ok(ScanPage {
+                pairs: page_out
+                    .pairs
+                    .into_iter()
+                    .map(|p| KvPair {
+                        key: strip(&self.prefix, p.key),
+                        value: p.value,
+                    })
+                    .collect(),
+                exhausted: page_out.exhausted,
+            })
+        }
     }
 }

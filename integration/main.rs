@@ -2,6 +2,9 @@
 //!
 //! - [`conformance`]: the storage conformance suite, run against every backend.
 //! - [`redb_store`]: what only the embedded backend promises (durability across reopen).
+//! - `fake_tikv`, `tikv_faults` (feature `tikv`): an in-process fake PD/TiKV cluster the real
+//!   `tikv-client` runs against, and the TiKV backend under injected faults.
+//! - [`write_path`]: the staged write path (fold, validation, deletes, commit) on every backend.
 
 #![allow(
     clippy::indexing_slicing,
@@ -9,5 +12,11 @@
 )]
 
 mod conformance;
+mod ducklake_fixture;
+#[cfg(feature = "tikv")]
+mod fake_tikv;
 mod harness;
 mod redb_store;
+#[cfg(feature = "tikv")]
+mod tikv_faults;
+mod write_path;

@@ -2,6 +2,7 @@
 
 use crate::codec::CodecError;
 use crate::kv::KvError;
+use crate::write::ValidationError;
 
 /// The result type of moraine's domain operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -15,6 +16,21 @@ pub enum Error {
     /// The store refused or failed an operation.
     #[error(transparent)]
     Kv(#[from] KvError),
+    /// A staged batch broke constraints; nothing was written.
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
+    /// A commit lost to a concurrent one; nothing was written, and a retry may succeed.
+    #[error("write conflict: {detail}; nothing was written, retry the transaction")]
+    CommitConflict {
+        /// What the conflict was on.
+        detail: String,
+    },
+    /// The store failed while committing: the batch may or may not have been applied.
+    #[error("commit outcome unknown: {reason}; re-read before retrying")]
+    CommitUnknown {
+        /// The store's account.
+        reason: String,
+    },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]
     Config {

@@ -28,11 +28,13 @@
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
 
+pub mod catalog;
 pub mod codec;
 pub mod config;
 pub mod error;
 pub mod kv;
 pub mod model;
 pub mod server;
+pub mod write;
 
 pub use error::{Error, Result};

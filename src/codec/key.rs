@@ -8,6 +8,17 @@
 //! | 8         | `table_id`, big-endian, sign bit flipped                               |
 //! | 8         | row id (`mapping_id` or `data_file_id`), big-endian, sign bit flipped  |
 //!
+//! Index kinds (in the index subspace) store the same two ids in the other order, row id
+//! first, with an empty value: the key alone says which row it points to, and a range of row
+//! ids (DuckLake's `mapping_id >= cursor`, `data_file_id IN (...)`) is one range of the index.
+//!
+//! | kind             | subspace | tag  | components                 |
+//! |------------------|----------|------|----------------------------|
+//! | `Mapping`        | current  | 0x01 | `table_id, mapping_id`     |
+//! | `DataFile`       | current  | 0x02 | `table_id, data_file_id`   |
+//! | `MappingById`    | index    | 0x01 | `mapping_id, table_id`     |
+//! | `DataFileById`   | index    | 0x02 | `data_file_id, table_id`   |
+//!
 //! Flipping the sign bit makes the unsigned byte order of an id equal its signed order, so
 //! `(table_id, row id)` tuples sort in the store exactly as the integers do and every table of
 //! one kind is one contiguous range. Prefix bytes are printable and subspace bytes are not, so
@@ -22,7 +33,7 @@ use crate::model::{DataFileId, MappingId, TableId};
 /// Longest deployment key prefix, in bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
 
-/// Bytes after the prefix in every row key: subspace, kind, table id, row id.
+/// Bytes after the prefix in every key: subspace, kind, two ids.
 const ROW_KEY_LEN: usize = 1 + 1 + 8 + 8;
 
 /// The top-level division of the keyspace.
@@ -37,28 +48,65 @@ pub enum Subspace {
 
 /// What a key's row is. The kind tag follows the subspace byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u8)]
 pub enum Kind {
     /// A `ducklake_column_mapping` row with its name-mapping rows, key `(table_id, mapping_id)`.
-    Mapping = 0x01,
+    Mapping,
     /// A `ducklake_data_file` row, key `(table_id, data_file_id)`.
-    DataFile = 0x02,
+    DataFile,
+    /// Index of mappings by `mapping_id`: key `(mapping_id, table_id)`, empty value.
+    MappingById,
+    /// Index of data files by `data_file_id`: key `(data_file_id, table_id)`, empty value.
+    DataFileById,
 }
 
 impl Kind {
     /// Every kind, in key order.
-    pub const ALL: [Kind; 2] = [Kind::Mapping, Kind::DataFile];
+    pub const ALL: [Kind; 4] = [
+        Kind::Mapping,
+        Kind::DataFile,
+        Kind::MappingById,
+        Kind::DataFileById,
+    ];
 
     /// The subspace this kind lives in.
     #[must_use]
     pub fn subspace(self) -> Subspace {
         match self {
             Kind::Mapping | Kind::DataFile => Subspace::Current,
+            Kind::MappingById | Kind::DataFileById => Subspace::Index,
         }
     }
 
-    fn from_byte(byte: u8) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|kind| *kind as u8 == byte)
+    /// The kind's tag byte, unique within its subspace.
+    #[must_use]
+    pub fn tag(self) -> u8 {
+        match self {
+            Kind::Mapping | Kind::MappingById => 0x01,
+            Kind::DataFile | Kind::DataFileById => 0x02,
+        }
+    }
+
+    /// The index kind that finds rows of this kind by row id, or the row kind an index kind
+    /// points to.
+    #[must_use]
+    pub fn counterpart(self) -> Kind {
+        match self {
+            Kind::Mapping => Kind::MappingById,
+            Kind::DataFile => Kind::DataFileById,
+            Kind::MappingById => Kind::Mapping,
+            Kind::DataFileById => Kind::DataFile,
+        }
+    }
+
+    /// Whether the key puts the row id before the table id.
+    fn is_index(self) -> bool {
+        self.subspace() == Subspace::Index
+    }
+
+    fn from_bytes(subspace: u8, tag: u8) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.subspace() as u8 == subspace && kind.tag() == tag)
     }
 }
 
@@ -101,14 +149,14 @@ impl KeyPrefix {
     }
 }
 
-/// A decoded row key.
+/// A decoded key: of a row, or of an index entry pointing to the row `(table_id, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RowKey {
-    /// The row's kind.
+    /// The key's kind.
     pub kind: Kind,
-    /// `table_id`.
+    /// `table_id` of the row.
     pub table_id: TableId,
-    /// `mapping_id` or `data_file_id`, by kind.
+    /// `mapping_id` or `data_file_id` of the row, by kind.
     pub id: i64,
 }
 
@@ -143,12 +191,36 @@ impl Keyspace {
         self.row_key(Kind::DataFile, table_id, data_file_id.0)
     }
 
-    /// The key of row `id` of `kind` in table `table_id`.
+    /// The key of row `id` of `kind` in table `table_id`; for an index kind, the key of the
+    /// index entry of that row.
     #[must_use]
     pub fn row_key(&self, kind: Kind, table_id: TableId, id: i64) -> Vec<u8> {
-        let mut key = self.table_head(kind, table_id);
-        key.extend_from_slice(&encode_i64(id));
+        let (first, second) = if kind.is_index() {
+            (id, table_id.0)
+        } else {
+            (table_id.0, id)
+        };
+        let mut key = self.kind_head(kind);
+        key.extend_from_slice(&encode_i64(first));
+        key.extend_from_slice(&encode_i64(second));
         key
+    }
+
+    /// The index entry of a row key: the same row under `kind.counterpart()`.
+    #[must_use]
+    pub fn index_key(&self, row: RowKey) -> Vec<u8> {
+        self.row_key(row.kind.counterpart(), row.table_id, row.id)
+    }
+
+    /// Every entry of index `kind` for the row ids `ids.start()..=ids.end()`: one range.
+    /// An empty interval gives an empty range.
+    ///
+    /// # Panics
+    /// Never for an index kind; a row kind is a caller bug caught in debug builds.
+    #[must_use]
+    pub fn id_span(&self, kind: Kind, ids: RangeInclusive<i64>) -> KeyRange {
+        debug_assert!(kind.is_index(), "id spans are ranges of an index kind");
+        self.span(kind, ids)
     }
 
     /// Every row of `kind`: one range.
@@ -167,16 +239,23 @@ impl Keyspace {
     /// An empty interval gives an empty range.
     #[must_use]
     pub fn table_span(&self, kind: Kind, tables: RangeInclusive<TableId>) -> KeyRange {
+        debug_assert!(!kind.is_index(), "table spans are ranges of a row kind");
         let (lo, hi) = tables.into_inner();
+        self.span(kind, lo.0..=hi.0)
+    }
+
+    /// The keys of `kind` whose first component lies in `first`.
+    fn span(&self, kind: Kind, first: RangeInclusive<i64>) -> KeyRange {
+        let (lo, hi) = first.into_inner();
         if lo > hi {
-            let start = self.table_head(kind, lo);
+            let start = self.head(kind, lo);
             return KeyRange::new(start.clone(), start);
         }
-        let end = match hi.0.checked_add(1) {
-            Some(next) => self.table_head(kind, TableId(next)),
+        let end = match hi.checked_add(1) {
+            Some(next) => self.head(kind, next),
             None => self.kind_range(kind).end,
         };
-        KeyRange::new(self.table_head(kind, lo), end)
+        KeyRange::new(self.head(kind, lo), end)
     }
 
     /// The ranges of a set of tables, sorted, each table once; neighbouring tables are merged
@@ -220,23 +299,27 @@ impl Keyspace {
                 subspace,
             });
         }
-        let Some((&kind_byte, ids)) = rest.split_first() else {
+        let Some((&tag, ids)) = rest.split_first() else {
             return Err(length_error(key, 1));
         };
-        let kind = Kind::from_byte(kind_byte)
-            .filter(|kind| kind.subspace() as u8 == subspace)
-            .ok_or_else(|| CodecError::UnknownKind {
-                key: hex(key),
-                kind: kind_byte,
-            })?;
-        let (table, id) = ids
+        let kind = Kind::from_bytes(subspace, tag).ok_or_else(|| CodecError::UnknownKind {
+            key: hex(key),
+            kind: tag,
+        })?;
+        let (first, second) = ids
             .split_first_chunk::<8>()
-            .and_then(|(table, rest)| Some((table, <&[u8; 8]>::try_from(rest).ok()?)))
+            .and_then(|(first, rest)| Some((first, <&[u8; 8]>::try_from(rest).ok()?)))
             .ok_or_else(|| length_error(key, 2 + ids.len()))?;
+        let (first, second) = (decode_i64(*first), decode_i64(*second));
+        let (table_id, id) = if kind.is_index() {
+            (second, first)
+        } else {
+            (first, second)
+        };
         Ok(RowKey {
             kind,
-            table_id: TableId(decode_i64(*table)),
-            id: decode_i64(*id),
+            table_id: TableId(table_id),
+            id,
         })
     }
 
@@ -244,13 +327,14 @@ impl Keyspace {
         let mut key = Vec::with_capacity(self.prefix.as_bytes().len() + ROW_KEY_LEN);
         key.extend_from_slice(self.prefix.as_bytes());
         key.push(kind.subspace() as u8);
-        key.push(kind as u8);
+        key.push(kind.tag());
         key
     }
 
-    fn table_head(&self, kind: Kind, table_id: TableId) -> Vec<u8> {
+    /// The prefix of every key of `kind` whose first component is `first`.
+    fn head(&self, kind: Kind, first: i64) -> Vec<u8> {
         let mut key = self.kind_head(kind);
-        key.extend_from_slice(&encode_i64(table_id.0));
+        key.extend_from_slice(&encode_i64(first));
         key
     }
 }

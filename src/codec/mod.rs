@@ -91,6 +91,22 @@ pub enum CodecError {
         /// Checksum of the bytes read.
         computed: u32,
     },
+    /// A record stored under a key of other ids or another kind.
+    #[error("record under key {key} is of table {table_id}, row {id}: it does not belong there")]
+    KeyValueMismatch {
+        /// The key, in hex.
+        key: String,
+        /// The record's `table_id`.
+        table_id: i64,
+        /// The record's row id.
+        id: i64,
+    },
+    /// An index entry whose row is missing.
+    #[error("index entry points to missing row {key}")]
+    DanglingIndexEntry {
+        /// The row key, in hex.
+        key: String,
+    },
     /// The body is not a valid record of the expected kind.
     #[error("stored {record} record does not decode: {reason}")]
     MalformedValue {

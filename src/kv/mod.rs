@@ -14,6 +14,8 @@
 pub mod memory;
 #[cfg(feature = "redb")]
 pub mod redb;
+#[cfg(feature = "tikv")]
+pub mod tikv;
 mod write_set;
 
 use std::fmt;

@@ -6,7 +6,9 @@
 mod data_file;
 mod ids;
 mod mapping;
+mod rows;
 
 pub use data_file::DataFile;
 pub use ids::{ColumnId, DataFileId, FieldId, MappingId, TableId};
 pub use mapping::{ColumnMapping, NameMapping};
+pub use rows::{CatalogTable, ColumnMappingRow, DataFileRow, NameMappingRow};

@@ -16,7 +16,26 @@ fn unhex(text: &str) -> Vec<u8> {
 fn golden_key_vectors() {
     let plain = Keyspace::default();
     let lake = Keyspace::new(KeyPrefix::new("lake-a").expect("valid prefix"));
-    let cases: [(&str, Vec<u8>, &str); 8] = [
+    let cases: [(&str, Vec<u8>, &str); 11] = [
+        (
+            "index mapping_id 5 -> table 1",
+            plain.row_key(Kind::MappingById, TableId(1), 5),
+            "02 01 8000000000000005 8000000000000001",
+        ),
+        (
+            "index data_file_id -1 -> table i64::MAX",
+            plain.index_key(RowKey {
+                kind: Kind::DataFile,
+                table_id: TableId(i64::MAX),
+                id: -1,
+            }),
+            "02 02 7fffffffffffffff ffffffffffffffff",
+        ),
+        (
+            "prefixed index data_file_id 9 -> table 2",
+            lake.row_key(Kind::DataFileById, TableId(2), 9),
+            "6c616b652d61 02 02 8000000000000009 8000000000000002",
+        ),
         (
             "mapping (1, 0)",
             plain.mapping_key(TableId(1), MappingId(0)),
@@ -84,6 +103,16 @@ fn golden_range_vectors() {
             "01 03",
         ),
         (plain.kind_range(Kind::Mapping), "01 01", "01 02"),
+        (
+            plain.id_span(Kind::MappingById, 10..=i64::MAX),
+            "02 01 800000000000000a",
+            "02 02",
+        ),
+        (
+            plain.id_span(Kind::DataFileById, 3..=4),
+            "02 02 8000000000000003",
+            "02 02 8000000000000005",
+        ),
         (
             lake.table_range(Kind::DataFile, TableId(-1)),
             "6c616b652d61 01 02 7fffffffffffffff",
@@ -168,13 +197,11 @@ fn bad_keys_are_typed_errors() {
     ));
     let mut index_kind = good;
     index_kind[0] = Subspace::Index as u8;
-    assert!(
-        matches!(
-            plain.decode(&index_kind),
-            Err(CodecError::UnknownKind { kind: 0x01, .. })
-        ),
-        "no kind lives in the index subspace yet"
-    );
+    index_kind[1] = 0x03;
+    assert!(matches!(
+        plain.decode(&index_kind),
+        Err(CodecError::UnknownKind { kind: 0x03, .. })
+    ));
 }
 
 #[test]
@@ -217,6 +244,10 @@ fn neighbouring_tables_merge_into_one_range() {
 }
 
 fn any_kind() -> impl Strategy<Value = Kind> {
+    proptest::sample::select(Kind::ALL.to_vec())
+}
+
+fn any_row_kind() -> impl Strategy<Value = Kind> {
     prop_oneof![Just(Kind::Mapping), Just(Kind::DataFile)]
 }
 
@@ -239,7 +270,11 @@ proptest! {
     ) {
         let key_a = keyspace.row_key(a.0, TableId(a.1), a.2);
         let key_b = keyspace.row_key(b.0, TableId(b.1), b.2);
-        prop_assert_eq!(key_a.cmp(&key_b), a.cmp(&b));
+        let sort_key = |(kind, table, id): (Kind, i64, i64)| {
+            let order = (kind.subspace(), kind.tag());
+            if kind.subspace() == Subspace::Index { (order, id, table) } else { (order, table, id) }
+        };
+        prop_assert_eq!(key_a.cmp(&key_b), sort_key(a).cmp(&sort_key(b)));
         let decoded = keyspace.decode(&key_a).expect("own key decodes");
         prop_assert_eq!(decoded, RowKey { kind: a.0, table_id: TableId(a.1), id: a.2 });
     }
@@ -247,7 +282,7 @@ proptest! {
     #[test]
     fn table_range_holds_exactly_that_table(
         keyspace in any_keyspace(),
-        kind in any_kind(),
+        kind in any_row_kind(),
         table in any::<i64>(),
         other_table in any::<i64>(),
         id in any::<i64>(),
@@ -278,6 +313,23 @@ proptest! {
         let hits = ranges.iter().filter(|r| r.contains(&key)).count();
         prop_assert_eq!(hits, usize::from(tables.contains(&probe)));
         prop_assert!(ranges.windows(2).all(|w| w[0].end < w[1].start), "sorted and disjoint");
+    }
+
+    #[test]
+    fn id_span_holds_exactly_those_ids(
+        lo in any::<i64>(),
+        hi in any::<i64>(),
+        probe in any::<i64>(),
+        table in any::<i64>(),
+    ) {
+        let keyspace = Keyspace::default();
+        let span = keyspace.id_span(Kind::DataFileById, lo..=hi);
+        let key = keyspace.row_key(Kind::DataFileById, TableId(table), probe);
+        prop_assert_eq!(span.contains(&key), lo <= probe && probe <= hi);
+        let row = keyspace.row_key(Kind::DataFile, TableId(table), probe);
+        prop_assert!(!span.contains(&row));
+        let decoded = keyspace.decode(&key).expect("index key decodes");
+        prop_assert_eq!(keyspace.index_key(RowKey { kind: Kind::DataFile, ..decoded }), key);
     }
 
     #[test]

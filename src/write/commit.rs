@@ -1,0 +1,60 @@
+//! Runs a plan as one store transaction and says what became of it.
+
+use super::StagedBatch;
+use super::plan::{PlanSummary, plan_batch};
+use crate::catalog::Catalog;
+use crate::codec::Kind;
+use crate::error::{Error, Result};
+use crate::kv::{CommitOutcome, Conflict};
+
+/// What a committed batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitReport {
+    /// Rows each of the batch's changes affected, in the batch's order.
+    pub affected: Vec<u64>,
+    /// The net effect on stored records.
+    pub summary: PlanSummary,
+}
+
+/// Folds, validates and commits `batch` atomically: all of it, or nothing.
+///
+/// After `Ok`, every change is durable. After [`Error::Validation`] or
+/// [`Error::CommitConflict`] nothing was written; a conflict may be retried. After
+/// [`Error::CommitUnknown`] the batch may or may not have landed: re-read before retrying.
+///
+/// # Errors
+/// As above, and [`Error::Kv`] / [`Error::Codec`] for store failures before the commit.
+pub async fn commit_batch(catalog: &Catalog, batch: &StagedBatch) -> Result<CommitReport> {
+    let snapshot = catalog.snapshot().await?;
+    let plan = plan_batch(&snapshot, batch).await?;
+    match catalog.store().commit(plan.writes).await? {
+        CommitOutcome::Committed => Ok(CommitReport {
+            affected: plan.affected,
+            summary: plan.summary,
+        }),
+        CommitOutcome::Conflict(conflict) => Err(Error::CommitConflict {
+            detail: describe(catalog, &conflict),
+        }),
+        CommitOutcome::Unknown { reason } => Err(Error::CommitUnknown { reason }),
+    }
+}
+
+/// The conflict in the catalog's terms: which mapping or data file changed underneath.
+fn describe(catalog: &Catalog, conflict: &Conflict) -> String {
+    let (key, what) = match conflict {
+        Conflict::AlreadyExists { key } => (Some(key), "was created concurrently"),
+        Conflict::Missing { key } => (Some(key), "was deleted concurrently"),
+        Conflict::WriteConflict { key } => (key.as_ref(), "was written concurrently"),
+    };
+    let Some(row) = key.and_then(|key| catalog.keyspace().decode(key).ok()) else {
+        return conflict.to_string();
+    };
+    match row.kind {
+        Kind::Mapping | Kind::MappingById => {
+            format!("mapping {} of table {} {what}", row.id, row.table_id)
+        }
+        Kind::DataFile | Kind::DataFileById => {
+            format!("data file {} of table {} {what}", row.id, row.table_id)
+        }
+    }
+}
