@@ -24,6 +24,11 @@ serve *ARGS:
 proto:
     cargo run --manifest-path proto/gen/Cargo.toml
 
+# Regenerate the fake TiKV cluster's gRPC server stubs (integration/fake_tikv/generated) from
+# the kvproto files in the tikv-client crate (build with --features tikv once to download it).
+proto-tikv:
+    cargo run --manifest-path proto/tikv-gen/Cargo.toml
+
 # Print the golden key and value vectors as the code produces them now. Never rewrites them.
 golden:
     cargo test --lib golden -- --nocapture

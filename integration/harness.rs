@@ -20,7 +20,7 @@ pub struct TestStore {
     pub _dir: Option<TempDir>,
     /// The fake TiKV cluster the store runs on, kept running while the store lives.
     #[cfg(feature = "tikv")]
-    pub cluster: Option<Arc<crate::fake_tikv::FakeCluster>>,
+    pub _cluster: Option<Arc<crate::fake_tikv::FakeCluster>>,
 }
 
 /// Which backend a test runs on.
@@ -67,7 +67,7 @@ impl Backend {
             pages_read,
             _dir: dir,
             #[cfg(feature = "tikv")]
-            cluster,
+            _cluster: cluster,
         }
     }
 }

@@ -15,8 +15,10 @@ mod conformance;
 mod ducklake_fixture;
 #[cfg(feature = "tikv")]
 mod fake_tikv;
+mod flight_sql;
 mod harness;
 mod redb_store;
+mod serve;
 #[cfg(feature = "tikv")]
 mod tikv_faults;
 mod write_path;

@@ -23,15 +23,35 @@ pub struct Cli {
 pub enum Command {
     /// Serve the catalog over Arrow Flight SQL.
     Serve(ServeConfig),
+    /// Replay a JSON dump of DuckLake commits into the embedded store (while no server holds it).
+    Import(ImportConfig),
 }
 
 /// Settings of `moraine serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeConfig {
-    /// Address to listen on.
+    /// Address to listen on (port 0 picks a free port; the log says which).
     #[arg(long, env = "MORAINE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
     /// Directory of the embedded store, created if missing.
     #[arg(long, env = "MORAINE_DATA", default_value = "./moraine-data")]
     pub data: PathBuf,
+    /// PD endpoints of a TiKV cluster, comma-separated: selects the TiKV backend instead of
+    /// the embedded store (needs a build with the `tikv` feature).
+    #[arg(long, env = "MORAINE_PD", value_delimiter = ',')]
+    pub pd: Vec<String>,
+    /// Key prefix of this deployment, so several lakes can share one cluster
+    /// (`[A-Za-z0-9._-]`, at most 64 bytes; empty on the embedded default).
+    #[arg(long, env = "MORAINE_KEY_PREFIX", default_value = "")]
+    pub key_prefix: String,
+}
+
+/// Settings of `moraine import`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ImportConfig {
+    /// Directory of the embedded store, created if missing.
+    #[arg(long, env = "MORAINE_DATA", default_value = "./moraine-data")]
+    pub data: PathBuf,
+    /// The dump: `{"steps": {"<commit>": {"<table>": {"columns": [...], "added": [...], "removed": [...]}}}}`.
+    pub file: PathBuf,
 }

@@ -8,7 +8,7 @@ use crate::write::ValidationError;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything a domain operation can fail with.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// Stored bytes that do not decode.
     #[error(transparent)]
@@ -31,6 +31,32 @@ pub enum Error {
         /// The store's account.
         reason: String,
     },
+    /// A query that could not be planned or run.
+    #[error("{message}")]
+    Query {
+        /// Whose fault, and how bad.
+        kind: QueryErrorKind,
+        /// The query engine's account.
+        message: String,
+    },
+    /// A request for something this server does not serve.
+    #[error("{what}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
+    /// A named thing (table, prepared statement, transaction) that does not exist.
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked up.
+        what: String,
+    },
+    /// A client request that cannot be carried out as sent.
+    #[error("{reason}")]
+    InvalidRequest {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]
     Config {
@@ -39,10 +65,17 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// A feature this build does not have yet.
-    #[error("{what} is not yet implemented")]
-    NotImplemented {
-        /// What is missing.
-        what: &'static str,
-    },
+}
+
+/// How a query failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryErrorKind {
+    /// The SQL does not parse, plan or type-check, or is not allowed (DDL, DML).
+    Invalid,
+    /// The query ran out of memory or another resource.
+    ResourcesExhausted,
+    /// The query failed while running.
+    Execution,
+    /// A bug in the engine.
+    Internal,
 }

@@ -4,11 +4,11 @@
 //!
 //! ```text
 //!   Flight SQL clients (ADBC, pyarrow.flight)
-//!        │ gRPC                                   flight/   (protocol glue; not yet built)
+//!        │ gRPC                                   flight/   protocol glue, tickets, status map
 //!   ┌────┴──────────────┐
-//!   query/ (DataFusion)  write/ (stage, fold,      (not yet built)
-//!   streams projections  validate, commit)
-//!   └────┬──────────────┘
+//!   query/ (DataFusion)  write/ (stage, fold,     query/    providers, pushdown, scans
+//!   streams projections  validate, commit)        write/    the staged write path
+//!   └────┬──────────────┘                         catalog/  snapshot reads of records
 //!        │ model::{ColumnMapping, DataFile}       model/    pure domain, no I/O
 //!        │ codec: keys and values as bytes        codec/    the only code that knows bytes
 //!        │ kv::Store: snapshots, atomic commits   kv/       backend-neutral; limits enforced here
@@ -32,8 +32,11 @@ pub mod catalog;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod flight;
+pub mod import;
 pub mod kv;
 pub mod model;
+pub mod query;
 pub mod server;
 pub mod write;
 

@@ -1,5 +1,6 @@
 //! The `moraine` binary: parse the command line, run it. No logic lives here.
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
@@ -12,10 +13,13 @@ async fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(config) => moraine::server::serve(config).await,
+        Command::Import(config) => moraine::server::import(config).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

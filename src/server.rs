@@ -1,32 +1,216 @@
-//! Wiring: open the store, and (once the Flight SQL service exists) serve it.
+//! Wiring: open the store, build the query engine and the Flight service, serve until told to
+//! stop.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::config::ServeConfig;
-use crate::error::{Error, Result};
-use crate::kv::{Store, StoreLimits};
+use arrow_flight::flight_service_server::FlightServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
 
-/// Opens the store of `config`.
+use crate::catalog::Catalog;
+use crate::codec::{KeyPrefix, Keyspace};
+use crate::config::{ImportConfig, ServeConfig};
+use crate::error::{Error, Result};
+use crate::flight::{MoraineFlightService, MoraineSqlService};
+use crate::kv::{Store, StoreLimits};
+use crate::query::QueryEngine;
+
+/// Largest message accepted: ADBC sends ingest batches over tonic's 4 MiB default.
+const MAX_DECODING_MESSAGE: usize = 64 << 20;
+/// Largest message sent: clients accept 16 MiB; batches are encoded far below this.
+const MAX_ENCODING_MESSAGE: usize = 16 << 20;
+
+/// Opens the embedded store in `dir`.
 ///
 /// # Errors
 /// [`Error::Kv`] when the store cannot be opened.
-pub async fn open_store(config: &ServeConfig) -> Result<Store> {
-    let backend = crate::kv::redb::RedbBackend::open(&config.data).await?;
+pub async fn open_embedded(dir: &std::path::Path) -> Result<Store> {
+    let backend = crate::kv::redb::RedbBackend::open(dir).await?;
     tracing::info!(path = %backend.path().display(), "opened embedded store");
     Ok(Store::new(Arc::new(backend), StoreLimits::default()))
 }
 
-/// Runs `moraine serve`.
-///
-/// The Flight SQL service is not built yet: this opens (or creates) the store, reports that,
-/// and returns an error naming what is missing.
+/// A server running on a tokio task.
+#[derive(Debug)]
+pub struct RunningServer {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<()>>,
+}
+
+impl RunningServer {
+    /// Where it listens.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets running calls finish, and waits for the server to end.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] when the server failed while running.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.task)
+            .await
+            .map_err(|err| Error::InvalidRequest {
+                reason: format!("server task failed: {err}"),
+            })?
+    }
+
+    /// Resolves when the server ends on its own, which it does only when it fails.
+    async fn failed(&mut self) -> Result<()> {
+        (&mut self.task)
+            .await
+            .map_err(|err| Error::InvalidRequest {
+                reason: format!("server task failed: {err}"),
+            })?
+    }
+}
+
+/// Binds `addr` and serves `catalog` until [`RunningServer::shutdown`].
 ///
 /// # Errors
-/// [`Error::Kv`] when the store cannot be opened; [`Error::NotImplemented`] afterwards.
-pub async fn serve(config: ServeConfig) -> Result<()> {
-    let store = open_store(&config).await?;
-    drop(store);
-    Err(Error::NotImplemented {
-        what: "the Flight SQL service",
+/// [`Error::Config`] when the address cannot be bound.
+pub async fn start(catalog: Catalog, addr: SocketAddr) -> Result<RunningServer> {
+    let listener = TcpListener::bind(addr).await.map_err(|err| Error::Config {
+        setting: "listen",
+        reason: format!("cannot bind {addr}: {err}"),
+    })?;
+    let addr = listener.local_addr().map_err(|err| Error::Config {
+        setting: "listen",
+        reason: err.to_string(),
+    })?;
+    let service = MoraineFlightService::new(MoraineSqlService::new(QueryEngine::new(catalog)));
+    let service = FlightServiceServer::new(service)
+        .max_decoding_message_size(MAX_DECODING_MESSAGE)
+        .max_encoding_message_size(MAX_ENCODING_MESSAGE);
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                let _ = rx.await;
+            })
+            .await
+            .map_err(|err| Error::InvalidRequest {
+                reason: format!("server failed: {err}"),
+            })
+    });
+    Ok(RunningServer {
+        addr,
+        shutdown: Some(tx),
+        task,
     })
+}
+
+/// Runs `moraine serve` until SIGINT or SIGTERM.
+///
+/// # Errors
+/// When the store cannot be opened or the address bound.
+pub async fn serve(config: ServeConfig) -> Result<()> {
+    let keyspace = Keyspace::new(KeyPrefix::new(&config.key_prefix)?);
+    let (store, _gc) = if config.pd.is_empty() {
+        (open_embedded(&config.data).await?, None)
+    } else {
+        open_tikv(&config.pd).await?
+    };
+    let catalog = Catalog::new(store, keyspace);
+    let mut server = start(catalog, config.listen).await?;
+    tracing::info!("moraine listening on {}", server.addr());
+    let signal = tokio::select! {
+        signal = shutdown_signal() => signal,
+        ended = server.failed() => return ended,
+    };
+    signal?;
+    tracing::info!("shutting down");
+    server.shutdown().await
+}
+
+/// How long `serve` waits for PD before giving up.
+#[cfg(feature = "tikv")]
+const PD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often the GC safe point advances, and how much history it keeps behind now (it never
+/// passes a snapshot this process still reads).
+#[cfg(feature = "tikv")]
+const GC_EVERY: std::time::Duration = std::time::Duration::from_mins(1);
+#[cfg(feature = "tikv")]
+const GC_KEEP: std::time::Duration = std::time::Duration::from_mins(10);
+
+/// The background work a store needs while it serves (the TiKV GC task).
+type Housekeeping = Option<Box<dyn std::any::Any + Send>>;
+
+/// Connects to the TiKV cluster whose PD endpoints are `pd`, and starts its GC task.
+#[cfg(feature = "tikv")]
+async fn open_tikv(pd: &[String]) -> Result<(Store, Housekeeping)> {
+    let backend = crate::kv::tikv::TikvBackend::connect(pd.to_vec(), PD_CONNECT_TIMEOUT).await?;
+    tracing::info!(pd = ?pd, "connected to TiKV");
+    let gc = backend.spawn_gc(GC_EVERY, GC_KEEP);
+    Ok((
+        Store::new(Arc::new(backend), StoreLimits::default()),
+        Some(Box::new(gc)),
+    ))
+}
+
+#[cfg(not(feature = "tikv"))]
+#[allow(
+    clippy::unused_async,
+    reason = "the same signature as with the feature"
+)]
+async fn open_tikv(_pd: &[String]) -> Result<(Store, Housekeeping)> {
+    Err(Error::Config {
+        setting: "pd",
+        reason: "this moraine was built without TiKV support; build it with `--features tikv`"
+            .into(),
+    })
+}
+
+async fn shutdown_signal() -> Result<()> {
+    let io = |err: std::io::Error| Error::Config {
+        setting: "signals",
+        reason: err.to_string(),
+    };
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(io)?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.map_err(io),
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.map_err(io)
+    }
+}
+
+/// Runs `moraine import`: replays a dump of DuckLake commits into the store.
+///
+/// # Errors
+/// When the file cannot be read or parsed, or a commit is refused (its error names the
+/// commit; the commits before it stay committed).
+pub async fn import(config: ImportConfig) -> Result<()> {
+    let text = std::fs::read_to_string(&config.file).map_err(|err| Error::Config {
+        setting: "file",
+        reason: format!("{}: {err}", config.file.display()),
+    })?;
+    let commits = crate::import::ducklake_steps(&text)?;
+    let store = open_embedded(&config.data).await?;
+    let catalog = Catalog::new(store, Keyspace::default());
+    for commit in &commits {
+        let report = crate::write::commit_batch(&catalog, &commit.batch)
+            .await
+            .map_err(|err| Error::InvalidRequest {
+                reason: format!("commit {}: {err}", commit.name),
+            })?;
+        tracing::info!(commit = %commit.name, summary = ?report.summary, "imported");
+    }
+    tracing::info!(commits = commits.len(), "import finished");
+    Ok(())
 }

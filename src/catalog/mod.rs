@@ -240,6 +240,84 @@ impl CatalogSnapshot {
             .boxed()
     }
 
+    /// Streams the mapping records whose `mapping_id` lies in `ids`, through the `mapping_id`
+    /// index, in `mapping_id` order, one page per item.
+    #[must_use]
+    pub fn mappings_by_id(
+        &self,
+        ids: Vec<RangeInclusive<i64>>,
+        page: PageSize,
+    ) -> BoxStream<'static, Result<Vec<ColumnMapping>>> {
+        let keyspace = self.keyspace.clone();
+        self.pages_via_index(Kind::MappingById, ids, page)
+            .map(move |pairs| {
+                pairs?
+                    .iter()
+                    .map(|pair| decode_mapping_at(&keyspace, &pair.key, &pair.value))
+                    .collect()
+            })
+            .boxed()
+    }
+
+    /// Streams the data-file records whose `data_file_id` lies in `ids`, through the
+    /// `data_file_id` index, in id order, one page per item.
+    #[must_use]
+    pub fn data_files_by_id_ranges(
+        &self,
+        ids: Vec<RangeInclusive<i64>>,
+        page: PageSize,
+    ) -> BoxStream<'static, Result<Vec<DataFile>>> {
+        let keyspace = self.keyspace.clone();
+        self.pages_via_index(Kind::DataFileById, ids, page)
+            .map(move |pairs| {
+                pairs?
+                    .iter()
+                    .map(|pair| decode_data_file_at(&keyspace, &pair.key, &pair.value))
+                    .collect()
+            })
+            .boxed()
+    }
+
+    /// Pages of the rows an index lists for `ids`: each index page, then one batch read of its
+    /// rows.
+    fn pages_via_index(
+        &self,
+        index: Kind,
+        ids: Vec<RangeInclusive<i64>>,
+        page: PageSize,
+    ) -> BoxStream<'static, Result<Vec<KvPair>>> {
+        let ranges = ids
+            .into_iter()
+            .map(|ids| self.keyspace.id_span(index, ids))
+            .collect();
+        let keyspace = self.keyspace.clone();
+        let snapshot = self.snapshot.clone();
+        self.pages(ranges, page)
+            .then(move |entries| {
+                let keyspace = keyspace.clone();
+                let snapshot = snapshot.clone();
+                async move {
+                    let mut keys = Vec::new();
+                    for entry in entries? {
+                        let row = keyspace.decode(&entry.key)?;
+                        keys.push(keyspace.row_key(index.counterpart(), row.table_id, row.id));
+                    }
+                    let values = snapshot.batch_get(&keys).await?;
+                    keys.into_iter()
+                        .zip(values)
+                        .map(|(key, value)| match value {
+                            Some(value) => Ok(KvPair { key, value }),
+                            None => Err(CodecError::DanglingIndexEntry {
+                                key: crate::codec::hex(&key),
+                            }
+                            .into()),
+                        })
+                        .collect()
+                }
+            })
+            .boxed()
+    }
+
     /// The raw pages of several ranges, one range after another.
     fn pages(
         &self,

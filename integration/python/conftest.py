@@ -1,0 +1,533 @@
+"""Shared fixtures of the Python integration suite.
+
+Every test talks to a real `moraine serve` process over 127.0.0.1 with a real client (the ADBC
+Flight SQL driver or pyarrow.flight). The server's data comes from replaying DuckLake's own
+rows (`integration/fixtures/ducklake-0.3/steps.json`) through `moraine import`; the expected
+results come from replaying the same file here, in Python (`expected_rows()`), so no test
+hard-codes result rows.
+
+`MORAINE_BIN` names the binary (integration/run-tests sets it). Without it, the debug binary
+in cargo's target directory is used if it exists.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import faulthandler
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pyarrow as pa
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "integration" / "fixtures" / "ducklake-0.3" / "steps.json"
+
+CATALOG = "moraine"
+SCHEMA = "main"
+
+# Bounds. Every wait in this suite is bounded; a hung test is killed by the watchdog below.
+IMPORT_TIMEOUT_S = 120
+STARTUP_TIMEOUT_S = 60
+SHUTDOWN_TIMEOUT_S = 20
+TEST_TIMEOUT_S = int(os.environ.get("MORAINE_TEST_TIMEOUT", "120"))
+
+# --------------------------------------------------------------------------------------------
+# The tables, exactly as DuckLake declares them (column order matters).
+
+COLUMN_MAPPING = "ducklake_column_mapping"
+NAME_MAPPING = "ducklake_name_mapping"
+DATA_FILE = "ducklake_data_file"
+TABLES = (COLUMN_MAPPING, NAME_MAPPING, DATA_FILE)
+
+_I, _S, _B = pa.int64(), pa.utf8(), pa.bool_()
+
+COLUMNS: Dict[str, List[Tuple[str, pa.DataType]]] = {
+    COLUMN_MAPPING: [("mapping_id", _I), ("table_id", _I), ("type", _S)],
+    NAME_MAPPING: [
+        ("mapping_id", _I),
+        ("column_id", _I),
+        ("source_name", _S),
+        ("target_field_id", _I),
+        ("parent_column", _I),
+        ("is_partition", _B),
+    ],
+    DATA_FILE: [
+        ("data_file_id", _I),
+        ("table_id", _I),
+        ("begin_snapshot", _I),
+        ("end_snapshot", _I),
+        ("file_order", _I),
+        ("path", _S),
+        ("path_is_relative", _B),
+        ("file_format", _S),
+        ("record_count", _I),
+        ("file_size_bytes", _I),
+        ("footer_size", _I),
+        ("row_id_start", _I),
+        ("partition_id", _I),
+        ("encryption_key", _S),
+        ("partial_file_info", _S),
+        ("mapping_id", _I),
+    ],
+}
+
+# Every column is nullable except ducklake_data_file.data_file_id.
+NOT_NULL = {(DATA_FILE, "data_file_id")}
+
+
+def column_names(table: str) -> List[str]:
+    return [name for name, _ in COLUMNS[table]]
+
+
+def expected_schema(table: str) -> pa.Schema:
+    return pa.schema(
+        [pa.field(name, typ, nullable=(table, name) not in NOT_NULL) for name, typ in COLUMNS[table]]
+    )
+
+
+def describe_schema(schema: pa.Schema) -> List[Tuple[str, str, bool]]:
+    """(name, type, nullable) per field: what the suite compares schemas on (not metadata)."""
+    return [(f.name, str(f.type), f.nullable) for f in schema]
+
+
+# --------------------------------------------------------------------------------------------
+# The expected data: the fixture replayed in Python.
+
+Row = Tuple[Any, ...]
+
+
+@dataclass
+class CatalogState:
+    """The three tables as tuples in declared column order, each sorted by its natural key."""
+
+    tables: Dict[str, List[Row]] = field(default_factory=dict)
+
+    def __getitem__(self, table: str) -> List[Row]:
+        return self.tables[table]
+
+    def rows_of_table_id(self, table: str, table_id: int) -> List[Row]:
+        """The rows of `table` that belong to DuckLake table `table_id` (name rows through
+        their mapping)."""
+        if table == NAME_MAPPING:
+            mappings = {m[0] for m in self.tables[COLUMN_MAPPING] if m[1] == table_id}
+            return [r for r in self.tables[NAME_MAPPING] if r[0] in mappings]
+        pos = column_names(table).index("table_id")
+        return [r for r in self.tables[table] if r[pos] == table_id]
+
+    def mapping_join(self, min_mapping_id: Optional[int] = None) -> List[Row]:
+        """DuckLake's mapping load: column_mapping JOIN name_mapping USING (mapping_id), as
+        (mapping_id, table_id, type, column_id, source_name, target_field_id, parent_column,
+        is_partition); inner join, so NULL mapping ids never match. Sorted by the query's key
+        and then the remaining columns (siblings' order is unspecified; don't rely on it)."""
+        names_by_map = collections.defaultdict(list)
+        for n in self.tables[NAME_MAPPING]:
+            if n[0] is not None:
+                names_by_map[n[0]].append(n)
+        out = []
+        for mapping_id, table_id, typ in self.tables[COLUMN_MAPPING]:
+            if mapping_id is None:
+                continue
+            if min_mapping_id is not None and mapping_id < min_mapping_id:
+                continue
+            for n in names_by_map.get(mapping_id, []):
+                out.append((mapping_id, table_id, typ) + tuple(n[1:]))
+        return sorted(out, key=lambda r: (mapping_order_key(r), sort_key(r)))
+
+    def data_files_at(self, table_id: int, snapshot: int) -> List[Row]:
+        """DuckLake's data-file read: `table_id = T AND S >= begin_snapshot AND
+        (S < end_snapshot OR end_snapshot IS NULL)`."""
+        out = []
+        for r in self.tables[DATA_FILE]:
+            rec = dict(zip(column_names(DATA_FILE), r))
+            if rec["table_id"] != table_id or rec["begin_snapshot"] is None:
+                continue
+            if snapshot < rec["begin_snapshot"]:
+                continue
+            if rec["end_snapshot"] is not None and not snapshot < rec["end_snapshot"]:
+                continue
+            out.append(r)
+        return out
+
+
+def mapping_order_key(row: Row) -> Tuple[Any, ...]:
+    """`ORDER BY mapping_id, parent_column NULLS FIRST` on a mapping-join row."""
+    mapping_id, parent = row[0], row[6]
+    return (mapping_id, parent is not None, parent if parent is not None else 0)
+
+
+def sort_key(row: Row) -> Tuple[Any, ...]:
+    """A total order on rows that may hold NULLs, for comparing multisets as sorted lists."""
+    return tuple((v is not None, v if v is not None else 0) if not isinstance(v, str)
+                 else (True, v) for v in row)
+
+
+def sorted_rows(rows) -> List[Row]:
+    return sorted((tuple(r) for r in rows), key=sort_key)
+
+
+def _fixture_rows(step: dict, table: str, which: str) -> List[Row]:
+    """The step's `which` ('added'/'removed') rows of `table`, reordered into the declared
+    column order by the step's own `columns` list."""
+    t = step.get(table)
+    if not t:
+        return []
+    cols = t.get("columns") or column_names(table)
+    missing = set(column_names(table)) - set(cols)
+    assert not missing, f"fixture table {table} lacks columns {sorted(missing)}"
+    pos = [cols.index(c) for c in column_names(table)]
+    return [tuple(r[p] for p in pos) for r in t.get(which, [])]
+
+
+def replay_steps(steps: Dict[str, dict]) -> CatalogState:
+    """Replays DuckLake steps with `moraine import`'s semantics: `added` mapping and name rows
+    are inserts; a data file both removed and added with the same id, only `end_snapshot`
+    changed, is an end transition; a removed-only data file is a delete; any other added file
+    is an insert. `ducklake_snapshot` rows are ignored."""
+    maps: List[Row] = []
+    names: List[Row] = []
+    files: Dict[int, Row] = {}
+    end_pos = column_names(DATA_FILE).index("end_snapshot")
+    for step_name, step in steps.items():
+        for table in (COLUMN_MAPPING, NAME_MAPPING):
+            assert not _fixture_rows(step, table, "removed"), (
+                f"{step_name}: DuckLake 1.4 never deletes {table} rows; the replay does not "
+                "model it"
+            )
+        maps.extend(_fixture_rows(step, COLUMN_MAPPING, "added"))
+        names.extend(_fixture_rows(step, NAME_MAPPING, "added"))
+        removed = {r[0]: r for r in _fixture_rows(step, DATA_FILE, "removed")}
+        added = _fixture_rows(step, DATA_FILE, "added")
+        added_ids = {r[0] for r in added}
+        for file_id, old in removed.items():
+            assert file_id in files, f"{step_name}: removes unknown data file {file_id}"
+            if file_id not in added_ids:
+                del files[file_id]  # a delete
+        for row in added:
+            file_id = row[0]
+            old = removed.get(file_id)
+            if old is not None:
+                same_but_end = old[:end_pos] + old[end_pos + 1:] == row[:end_pos] + row[end_pos + 1:]
+                assert same_but_end, f"{step_name}: file {file_id} changes more than end_snapshot"
+                assert old[end_pos] is None and row[end_pos] is not None, (
+                    f"{step_name}: file {file_id}: not an end transition"
+                )
+            else:
+                assert file_id not in files, f"{step_name}: data file {file_id} inserted twice"
+            files[file_id] = row
+    return CatalogState(
+        tables={
+            COLUMN_MAPPING: sorted_rows(maps),
+            NAME_MAPPING: sorted_rows(names),
+            DATA_FILE: sorted_rows(files.values()),
+        }
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def load_fixture() -> dict:
+    with open(FIXTURE, encoding="utf-8") as f:
+        return json.load(f)  # dicts keep the file's (chronological) step order
+
+
+def expected_rows() -> CatalogState:
+    """The final state of the three tables after the whole fixture, as the server must serve
+    it after `moraine import` of the same file."""
+    return replay_steps(load_fixture()["steps"])
+
+
+def snapshots_in_fixture() -> List[int]:
+    """Every snapshot id DuckLake committed in the fixture."""
+    ids = set()
+    for step in load_fixture()["steps"].values():
+        snap = step.get("ducklake_snapshot")
+        if snap:
+            pos = snap["columns"].index("snapshot_id")
+            ids.update(r[pos] for r in snap.get("added", []))
+    return sorted(ids)
+
+
+@pytest.fixture(scope="session")
+def expected() -> CatalogState:
+    return expected_rows()
+
+
+# --------------------------------------------------------------------------------------------
+# The server process.
+
+LISTENING = re.compile(r"listening on (\S+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LOG_TAIL = 80
+
+
+def moraine_bin() -> Path:
+    env = os.environ.get("MORAINE_BIN")
+    if env:
+        path = Path(env)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            pytest.fail(f"MORAINE_BIN={env} is not an executable file", pytrace=False)
+        return path
+    candidates = []
+    try:
+        meta = subprocess.run(
+            ["cargo", "metadata", "--format-version", "1", "--no-deps"],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+        )
+        candidates.append(Path(json.loads(meta.stdout)["target_directory"]) / "debug" / "moraine")
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        pass
+    candidates.append(REPO / "target" / "debug" / "moraine")
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    pytest.fail(
+        "no moraine binary: set MORAINE_BIN or build it (`cargo build --bin moraine`); "
+        "integration/run-tests does both",
+        pytrace=False,
+    )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the server if this pytest process dies (even killed
+    by the watchdog), so no server outlives the suite."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    # The `listening on` line is logged at info; colours would garble it.
+    env["RUST_LOG"] = os.environ.get("MORAINE_TEST_RUST_LOG", "info")
+    env["NO_COLOR"] = "1"
+    env.pop("MORAINE_LISTEN", None)
+    env.pop("MORAINE_DATA", None)
+    return env
+
+
+def run_import(binary: Path, data_dir: Path, steps_file: Path = FIXTURE) -> str:
+    cmd = [str(binary), "import", "--data", str(data_dir), str(steps_file)]
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, errors="replace", timeout=IMPORT_TIMEOUT_S,
+            env=_child_env(), stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"`{' '.join(cmd)}` did not finish in {IMPORT_TIMEOUT_S} s\n"
+                    f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(
+            f"`{' '.join(cmd)}` exited {done.returncode}\nstdout:\n{done.stdout}\n"
+            f"stderr:\n{done.stderr}",
+            pytrace=False,
+        )
+    return done.stdout + done.stderr
+
+
+class Server:
+    """One `moraine serve` process on 127.0.0.1 with a free port."""
+
+    def __init__(self, binary: Path, data_dir: Path, name: str):
+        self.name = name
+        self.data_dir = data_dir
+        self.cmd = [str(binary), "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir)]
+        self.lines: collections.deque = collections.deque(maxlen=5000)
+        self.line_count = 0
+        self._lock = threading.Lock()
+        self._listening = threading.Event()
+        self._eof = threading.Event()
+        self.address: Optional[str] = None
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            preexec_fn=_die_with_parent,
+        )
+        # Drains the pipe for the whole life of the process, so the server never blocks on it.
+        self._reader = threading.Thread(target=self._drain, name=f"{name}-log", daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
+            with self._lock:
+                self.lines.append(line)
+                self.line_count += 1
+            if not self._listening.is_set():
+                m = LISTENING.search(line)
+                if m:
+                    self.address = m.group(1).rstrip(".,;")
+                    self._listening.set()
+        self._eof.set()
+
+    def log(self, since: int = 0, tail: Optional[int] = None) -> str:
+        with self._lock:
+            kept_from = self.line_count - len(self.lines)
+            lines = list(self.lines)[max(0, since - kept_from):]
+        if tail is not None:
+            lines = lines[-tail:]
+        return "\n".join(lines)
+
+    def wait_listening(self) -> str:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._listening.wait(0.1):
+                break
+            if self.proc.poll() is not None:
+                self._eof.wait(2)
+                if self._listening.is_set():
+                    break
+                pytest.fail(
+                    f"{self.name}: `{' '.join(self.cmd)}` exited {self.proc.returncode} before "
+                    f"listening; its output:\n{self.log()}",
+                    pytrace=False,
+                )
+        else:
+            self.stop()
+            pytest.fail(
+                f"{self.name}: no `listening on` line within {STARTUP_TIMEOUT_S} s; its output:\n"
+                f"{self.log()}",
+                pytrace=False,
+            )
+        assert self.address is not None
+        m = re.fullmatch(r"(?:\[?)([0-9.:a-fA-F]+?)(?:\]?):(\d+)\D*", self.address)
+        if not m:
+            self.stop()
+            pytest.fail(f"{self.name}: cannot parse the address in `listening on {self.address}`",
+                        pytrace=False)
+        host, port = m.group(1), int(m.group(2))
+        if host != "127.0.0.1" or port == 0:
+            self.stop()
+            pytest.fail(f"{self.name}: asked for 127.0.0.1:0, got `listening on {self.address}`",
+                        pytrace=False)
+        return f"grpc://{host}:{port}"
+
+    def stop(self) -> Optional[str]:
+        """SIGTERM, bounded wait, SIGKILL. Returns a complaint if the server did not stop
+        cleanly on SIGTERM, else None."""
+        if self.proc.poll() is not None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            return f"{self.name}: did not stop within {SHUTDOWN_TIMEOUT_S} s of SIGTERM (killed)"
+        finally:
+            self._reader.join(5)
+        if code not in (0, -signal.SIGTERM):
+            return f"{self.name}: exited {code} on SIGTERM"
+        return None
+
+
+_RUNNING: List[Server] = []
+
+
+@dataclass
+class Running:
+    uri: str
+    server: Server
+
+
+def _start(name: str, tmp_root: Path, steps_file: Path = FIXTURE) -> Tuple[Server, str, Path]:
+    binary = moraine_bin()
+    data_dir = Path(tempfile.mkdtemp(prefix=f"moraine-{name}-", dir=tmp_root))
+    run_import(binary, data_dir, steps_file)
+    server = Server(binary, data_dir, name)
+    _RUNNING.append(server)
+    try:
+        uri = server.wait_listening()
+    except BaseException:
+        server.stop()
+        _RUNNING.remove(server)
+        shutil.rmtree(data_dir, ignore_errors=True)
+        raise
+    return server, uri, data_dir
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory) -> Iterator:
+    """Starts servers on the imported fixture; every one is stopped at the end of the session.
+    A server that does not stop cleanly on SIGTERM fails the session's teardown."""
+    started: List[Tuple[Server, Path]] = []
+    root = tmp_path_factory.mktemp("servers")
+
+    def start(name: str, steps_file: Path = FIXTURE) -> Running:
+        server, uri, data_dir = _start(name, root, steps_file)
+        started.append((server, data_dir))
+        return Running(uri, server)
+
+    yield start
+    complaints = []
+    for server, data_dir in started:
+        complaint = server.stop()
+        if complaint:
+            complaints.append(f"{complaint}; last output:\n{server.log(tail=30)}")
+        if server in _RUNNING:
+            _RUNNING.remove(server)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    if complaints:
+        pytest.fail("\n".join(complaints), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def moraine(server_factory) -> Running:
+    """The shared read-only server, with the whole fixture imported."""
+    return server_factory("shared")
+
+
+@pytest.fixture(scope="session")
+def moraine_uri(moraine) -> str:
+    return moraine.uri
+
+
+# --------------------------------------------------------------------------------------------
+# Bounds and diagnostics.
+
+
+@pytest.fixture(autouse=True)
+def _watchdog():
+    """Bounds every test: a test still running after TEST_TIMEOUT_S dumps all stacks and ends
+    the pytest process (the servers die with it through PR_SET_PDEATHSIG)."""
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    item._moraine_log_marks = {id(s): s.line_count for s in _RUNNING}
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        marks = getattr(item, "_moraine_log_marks", {})
+        for s in _RUNNING:
+            text = s.log(since=marks.get(id(s), 0), tail=LOG_TAIL)
+            if text:
+                report.sections.append((f"moraine server `{s.name}` output during the test", text))

@@ -1,0 +1,12 @@
+//! Protocol glue: Arrow Flight SQL (and plain Flight) over gRPC. Handlers decode, call the
+//! domain and encode; the one error-to-status mapping lives in [`status`].
+
+pub mod metadata;
+pub mod plain;
+pub mod prepared;
+pub mod service;
+pub mod status;
+pub mod tickets;
+
+pub use plain::MoraineFlightService;
+pub use service::MoraineSqlService;

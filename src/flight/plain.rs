@@ -1,0 +1,206 @@
+//! Plain Arrow Flight for clients that know no Flight SQL (pyarrow.flight notebooks):
+//! `list_flights` lists the served tables; a path descriptor `[table]` or
+//! `[table, "<table_id>"]` names a table, or one DuckLake table's rows of it. Every other
+//! call goes to the Flight SQL service.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::flight_descriptor::DescriptorType;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, PollInfo,
+    SchemaResult, Ticket,
+};
+use futures::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::service::MoraineSqlService;
+use super::status::to_status;
+use super::tickets::TicketKind;
+use crate::error::{Error, Result};
+use crate::model::CatalogTable;
+use crate::query::arrow::table_schema;
+
+type Inner = MoraineSqlService;
+
+/// The Flight service moraine serves.
+#[derive(Clone)]
+pub struct MoraineFlightService {
+    sql: Arc<MoraineSqlService>,
+}
+
+impl MoraineFlightService {
+    /// Serves `sql` and the plain-Flight surface over the same engine.
+    #[must_use]
+    pub fn new(sql: MoraineSqlService) -> Self {
+        Self { sql: Arc::new(sql) }
+    }
+}
+
+/// The table (and table id) a path descriptor names.
+fn table_of_path(path: &[String]) -> Result<TicketKind> {
+    let unknown = || Error::NotFound {
+        what: format!(
+            "table {:?} (served: {})",
+            path.first().map(String::as_str).unwrap_or_default(),
+            CatalogTable::ALL.map(CatalogTable::name).join(", ")
+        ),
+    };
+    match path {
+        [table] => Ok(TicketKind::Table {
+            table: CatalogTable::from_name(table).ok_or_else(unknown)?,
+            table_id: None,
+        }),
+        [table, table_id] => {
+            let table = CatalogTable::from_name(table).ok_or_else(unknown)?;
+            if table == CatalogTable::NameMapping {
+                return Err(Error::InvalidRequest {
+                    reason: "ducklake_name_mapping has no table_id column; use a path of the table name alone".into(),
+                });
+            }
+            let table_id = table_id.parse().map_err(|_| Error::InvalidRequest {
+                reason: format!("table id {table_id:?} in the path is not an integer"),
+            })?;
+            Ok(TicketKind::Table {
+                table,
+                table_id: Some(table_id),
+            })
+        }
+        _ => Err(Error::InvalidRequest {
+            reason: format!(
+                "a path descriptor is [table] or [table, table_id]; got {} elements",
+                path.len()
+            ),
+        }),
+    }
+}
+
+fn table_info(ticket: &TicketKind, descriptor: FlightDescriptor) -> Result<FlightInfo> {
+    let TicketKind::Table { table, .. } = ticket else {
+        return Err(Error::InvalidRequest {
+            reason: "not a table ticket".into(),
+        });
+    };
+    MoraineSqlService::ticket_info(ticket, &table_schema(*table), descriptor)
+}
+
+#[tonic::async_trait]
+impl FlightService for MoraineFlightService {
+    type HandshakeStream = <Inner as FlightService>::HandshakeStream;
+    type ListFlightsStream =
+        Pin<Box<dyn Stream<Item = Result<FlightInfo, Status>> + Send + 'static>>;
+    type DoGetStream = <Inner as FlightService>::DoGetStream;
+    type DoPutStream = <Inner as FlightService>::DoPutStream;
+    type DoExchangeStream = <Inner as FlightService>::DoExchangeStream;
+    type DoActionStream = <Inner as FlightService>::DoActionStream;
+    type ListActionsStream = <Inner as FlightService>::ListActionsStream;
+
+    async fn handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        FlightService::handshake(&*self.sql, request).await
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let infos: Vec<Result<FlightInfo, Status>> = CatalogTable::ALL
+            .into_iter()
+            .map(|table| {
+                let ticket = TicketKind::Table {
+                    table,
+                    table_id: None,
+                };
+                table_info(
+                    &ticket,
+                    FlightDescriptor::new_path(vec![table.name().to_owned()]),
+                )
+                .map_err(|err| to_status(&err))
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(infos))))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        if request.get_ref().r#type() != DescriptorType::Path {
+            return FlightService::get_flight_info(&*self.sql, request).await;
+        }
+        let descriptor = request.into_inner();
+        table_of_path(&descriptor.path)
+            .and_then(|ticket| table_info(&ticket, descriptor))
+            .map(Response::new)
+            .map_err(|err| to_status(&err))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        FlightService::poll_flight_info(&*self.sql, request).await
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        if request.get_ref().r#type() != DescriptorType::Path {
+            return FlightService::get_schema(&*self.sql, request).await;
+        }
+        let result = table_of_path(&request.get_ref().path).and_then(|ticket| match ticket {
+            TicketKind::Table { table, .. } => {
+                SchemaResult::try_from(arrow_flight::SchemaAsIpc::new(
+                    &table_schema(table),
+                    &datafusion::arrow::ipc::writer::IpcWriteOptions::default(),
+                ))
+                .map_err(|err| Error::InvalidRequest {
+                    reason: err.to_string(),
+                })
+            }
+            TicketKind::Statement { .. } => Err(Error::InvalidRequest {
+                reason: "not a table path".into(),
+            }),
+        });
+        result.map(Response::new).map_err(|err| to_status(&err))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        FlightService::do_get(&*self.sql, request).await
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        FlightService::do_put(&*self.sql, request).await
+    }
+
+    async fn do_exchange(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        FlightService::do_exchange(&*self.sql, request).await
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        FlightService::do_action(&*self.sql, request).await
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        FlightService::list_actions(&*self.sql, request).await
+    }
+}

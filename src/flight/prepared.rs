@@ -1,0 +1,127 @@
+//! Prepared statement handles: the statement, its parameter schema and its bound parameters,
+//! kept until closed or unused for longer than the time-to-live (clients such as the Rust CLI
+//! never close them).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
+
+use crate::error::{Error, Result};
+
+/// One prepared statement.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The SQL.
+    pub sql: String,
+    /// Its parameters (`"0"`, `"1"`, …).
+    pub parameters: SchemaRef,
+    /// The values bound last, if any.
+    pub bound: Vec<ScalarValue>,
+}
+
+struct Entry {
+    statement: Prepared,
+    last_used: Instant,
+}
+
+/// The live handles of one server.
+pub struct PreparedStatements {
+    entries: Mutex<HashMap<Vec<u8>, Entry>>,
+    next: AtomicU64,
+    ttl: Duration,
+    /// Distinguishes this process's handles from another's.
+    nonce: u64,
+}
+
+impl PreparedStatements {
+    /// An empty set whose handles expire after `ttl` unused.
+    #[must_use]
+    pub fn new(ttl: Duration) -> Self {
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| {
+                u64::try_from(d.as_nanos() & u128::from(u64::MAX)).unwrap_or(0)
+            });
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            ttl,
+            nonce,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Entry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stores `statement` and returns its new handle.
+    pub fn insert(&self, statement: Prepared) -> Vec<u8> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let handle = format!("ps-{:x}-{id}", self.nonce).into_bytes();
+        let now = Instant::now();
+        let mut entries = self.lock();
+        entries.retain(|_, e| now.duration_since(e.last_used) < self.ttl);
+        entries.insert(
+            handle.clone(),
+            Entry {
+                statement,
+                last_used: now,
+            },
+        );
+        handle
+    }
+
+    /// The statement of `handle`, marking it used.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown, closed or expired handle.
+    pub fn get(&self, handle: &[u8]) -> Result<Prepared> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        match entries.get_mut(handle) {
+            Some(entry) if now.duration_since(entry.last_used) < self.ttl => {
+                entry.last_used = now;
+                Ok(entry.statement.clone())
+            }
+            Some(_) => {
+                entries.remove(handle);
+                Err(not_found(handle, "expired"))
+            }
+            None => Err(not_found(handle, "unknown or closed")),
+        }
+    }
+
+    /// Binds `values` to `handle`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown handle.
+    pub fn bind(&self, handle: &[u8], values: Vec<ScalarValue>) -> Result<()> {
+        let mut entries = self.lock();
+        let entry = entries
+            .get_mut(handle)
+            .ok_or_else(|| not_found(handle, "unknown or closed"))?;
+        entry.statement.bound = values;
+        entry.last_used = Instant::now();
+        Ok(())
+    }
+
+    /// Forgets `handle`. Closing an unknown handle is not an error.
+    pub fn close(&self, handle: &[u8]) {
+        self.lock().remove(handle);
+    }
+}
+
+fn not_found(handle: &[u8], why: &str) -> Error {
+    Error::NotFound {
+        what: format!(
+            "prepared statement {} ({why})",
+            String::from_utf8_lossy(handle)
+        ),
+    }
+}

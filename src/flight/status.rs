@@ -1,0 +1,107 @@
+//! The one mapping from domain errors to gRPC status codes, and the one place errors are
+//! logged: client-caused at `debug`, server-caused at `error`.
+
+use tonic::{Code, Status};
+
+use crate::error::{Error, QueryErrorKind};
+use crate::kv::KvError;
+
+/// Longest message sent to a client, in bytes (cut at a character boundary).
+const MAX_MESSAGE: usize = 4096;
+
+/// The gRPC status for `err`.
+#[must_use]
+pub fn to_status(err: &Error) -> Status {
+    let code = code_of(err);
+    let server_fault = matches!(
+        code,
+        Code::Internal | Code::DataLoss | Code::Unknown | Code::Unavailable
+    );
+    if server_fault {
+        tracing::error!(error = %err, ?code, "request failed");
+    } else {
+        tracing::debug!(error = %err, ?code, "request refused");
+    }
+    let message = if code == Code::Internal {
+        "internal error; see the server log".to_owned()
+    } else {
+        truncate(&err.to_string(), MAX_MESSAGE)
+    };
+    Status::new(code, message)
+}
+
+fn code_of(err: &Error) -> Code {
+    match err {
+        Error::Codec(_) => Code::DataLoss,
+        Error::Kv(kv) => match kv {
+            KvError::KeyTooLarge { .. }
+            | KvError::ValueTooLarge { .. }
+            | KvError::WriteSetTooLarge { .. } => Code::ResourceExhausted,
+            KvError::ContradictoryWriteSet { .. } => Code::InvalidArgument,
+            KvError::Unavailable { .. } => Code::Unavailable,
+            KvError::Backend { .. } => Code::Internal,
+        },
+        Error::Validation(validation) => {
+            if !validation.violations.is_empty()
+                && validation
+                    .violations
+                    .iter()
+                    .all(super::super::write::validate::Violation::is_already_exists)
+            {
+                Code::AlreadyExists
+            } else {
+                Code::InvalidArgument
+            }
+        }
+        Error::CommitConflict { .. } => Code::Aborted,
+        Error::CommitUnknown { .. } => Code::Unknown,
+        Error::Query { kind, .. } => match kind {
+            // A query that fails while running failed on its own terms (a cast, a division
+            // by zero): the client's to fix.
+            QueryErrorKind::Invalid | QueryErrorKind::Execution => Code::InvalidArgument,
+            QueryErrorKind::ResourcesExhausted => Code::ResourceExhausted,
+            QueryErrorKind::Internal => Code::Internal,
+        },
+        Error::Unsupported { .. } => Code::Unimplemented,
+        Error::NotFound { .. } => Code::NotFound,
+        Error::InvalidRequest { .. } | Error::Config { .. } => Code::InvalidArgument,
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let cut = text
+        .char_indices()
+        .map(|(i, _)| i)
+        .take_while(|i| *i <= max.saturating_sub(3))
+        .last()
+        .unwrap_or(0);
+    format!("{}...", text.get(..cut).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        let text = "é".repeat(3000);
+        let cut = truncate(&text, MAX_MESSAGE);
+        assert!(cut.len() <= MAX_MESSAGE);
+        assert!(cut.ends_with("..."));
+        assert_eq!(truncate("short", 10), "short");
+    }
+
+    #[test]
+    fn internal_errors_hide_their_detail() {
+        let status = to_status(&Error::Kv(KvError::Backend {
+            backend: "redb",
+            reason: "secret path /x".into(),
+        }));
+        assert_eq!(status.code(), Code::Internal);
+        assert!(!status.message().contains("secret"));
+    }
+}

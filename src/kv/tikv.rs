@@ -1,0 +1,832 @@
+//! The TiKV backend: optimistic Percolator transactions through `tikv-client`.
+//!
+//! This module is the only place that sees `tikv-client` types; every error it produces is a
+//! [`KvError`] or a [`CommitOutcome`]. Keys are stored as the codec made them (they already
+//! carry the deployment prefix).
+//!
+//! - A snapshot is a start timestamp. Each read builds a fresh read-only `tikv_client::Snapshot`
+//!   at that timestamp, so reads of one snapshot share no buffer (the client caches every pair
+//!   a transaction reads) and need no lock between them.
+//! - A scan page is one bounded `scan(range, limit)`: the client sends one `KvScan` per region
+//!   with that limit and merges the answers, so the limit bounds every region's response too.
+//! - A commit is one optimistic transaction. Its requirements are read at its start timestamp
+//!   and every key it requires or writes is part of its prewrite, so a concurrent writer of any
+//!   of them makes one of the two conflict. A write conflict is retried internally with a new
+//!   timestamp, a bounded number of times: a write set carries no reads of its caller, so
+//!   applying it at a later timestamp is what the other backends do too.
+//! - Reads, and commits before their prewrite, wait out locks of live transactions for up to
+//!   [`TikvOptions::lock_wait`]; the client resolves expired locks itself.
+//! - Nobody else advances the GC safe point: [`TikvBackend::advance_gc`] (or the task of
+//!   [`TikvBackend::spawn_gc`]) does, never past the start of a snapshot still open.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tikv_client::{
+    CheckLevel, Error as TikvError, Key, Snapshot as TikvSnapshot, Timestamp, TimestampExt as _,
+    Transaction, TransactionClient, TransactionOptions,
+};
+
+use super::memory::first_unmet;
+use super::{
+    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize,
+    PreparedWrite, Requirement, ScanPage,
+};
+
+const NAME: &str = "tikv";
+
+/// Most pairs one scan request asks each region for. With the client's 4 MiB response limit
+/// this leaves about 4 KiB per pair; larger pairs shrink the limit adaptively.
+const MAX_SCAN_ROWS: usize = 1024;
+
+/// How long a reader sleeps before asking again for a key a live transaction has locked.
+const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long a request that needs PD sleeps before asking an unreachable PD again.
+const PD_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// How many bits of a TSO timestamp hold the logical counter.
+const LOGICAL_BITS: u32 = 18;
+
+/// Settings of a [`TikvBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TikvOptions {
+    /// How long [`TikvBackend::connect`] waits for PD, and how long a later request for a
+    /// timestamp waits for an unreachable PD (a restarting PD, a leader change) to answer.
+    pub connect_timeout: Duration,
+    /// How long a read, or a commit before its prewrite, waits for a live lock to go away.
+    pub lock_wait: Duration,
+    /// How many times a commit that met a write conflict is tried again.
+    pub conflict_retries: u32,
+}
+
+impl Default for TikvOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            lock_wait: Duration::from_secs(20),
+            conflict_retries: 8,
+        }
+    }
+}
+
+/// The TiKV backend.
+#[derive(Clone)]
+pub struct TikvBackend {
+    client: TransactionClient,
+    options: TikvOptions,
+    open: Arc<OpenSnapshots>,
+    gc: Arc<Mutex<u64>>,
+}
+
+impl fmt::Debug for TikvBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TikvBackend")
+            .field("options", &self.options)
+            .field("open_snapshots", &self.open.count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TikvBackend {
+    /// Connects to the cluster whose PD answers at `pd_endpoints` (`host:port`), waiting at
+    /// most `timeout`, with otherwise default [`TikvOptions`].
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`] when no PD endpoint answers within `timeout`.
+    pub async fn connect(pd_endpoints: Vec<String>, timeout: Duration) -> Result<Self, KvError> {
+        Self::connect_with(
+            pd_endpoints,
+            TikvOptions {
+                connect_timeout: timeout,
+                ..TikvOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// Connects with explicit `options`.
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`] when no PD endpoint answers within `options.connect_timeout`.
+    pub async fn connect_with(
+        pd_endpoints: Vec<String>,
+        options: TikvOptions,
+    ) -> Result<Self, KvError> {
+        if pd_endpoints.is_empty() {
+            return Err(unavailable("no PD endpoint given"));
+        }
+        let shown = pd_endpoints.join(",");
+        // The client has no connect deadline of its own: a PD that accepts connections and
+        // never answers would hold it forever.
+        let client = match tokio::time::timeout(
+            options.connect_timeout,
+            TransactionClient::new(pd_endpoints),
+        )
+        .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => {
+                return Err(unavailable(format!("PD at {shown} did not answer: {err}")));
+            }
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "PD at {shown} did not answer within {:?}",
+                    options.connect_timeout
+                )));
+            }
+        };
+        Ok(Self {
+            client,
+            options,
+            open: Arc::new(OpenSnapshots::default()),
+            gc: Arc::new(Mutex::new(0)),
+        })
+    }
+
+    /// The settings in force.
+    #[must_use]
+    pub fn options(&self) -> TikvOptions {
+        self.options
+    }
+
+    /// How many snapshots are open now.
+    #[must_use]
+    pub fn open_snapshots(&self) -> usize {
+        self.open.count()
+    }
+
+    /// Advances the GC safe point to `keep` before now, or to the start of the oldest open
+    /// snapshot if that is earlier, and never backwards. Returns the safe point in force.
+    ///
+    /// The safe point only protects snapshots of this process: other processes sharing the
+    /// cluster must run their own GC with a `keep` longer than any read of theirs.
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`] when PD cannot be reached, [`KvError::Backend`] when lock
+    /// cleanup fails.
+    pub async fn advance_gc(&self, keep: Duration) -> Result<u64, KvError> {
+        let now = self
+            .waiting_for_pd(|| self.client.current_timestamp())
+            .await?;
+        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let mut target = now
+            .version()
+            .saturating_sub(keep_ms.saturating_mul(1 << LOGICAL_BITS));
+        if let Some(oldest) = self.open.oldest() {
+            target = target.min(oldest);
+        }
+        let last = *self.gc.lock().unwrap_or_else(PoisonError::into_inner);
+        if target <= last {
+            return Ok(last);
+        }
+        self.client
+            .gc(Timestamp::from_version(target))
+            .await
+            .map_err(read_error)?;
+        let mut last = self.gc.lock().unwrap_or_else(PoisonError::into_inner);
+        *last = (*last).max(target);
+        Ok(*last)
+    }
+
+    /// Runs [`advance_gc`](Self::advance_gc) every `every` until the returned handle is
+    /// dropped. Failures are logged and retried at the next tick.
+    #[must_use]
+    pub fn spawn_gc(&self, every: Duration, keep: Duration) -> GcTask {
+        let backend = self.clone();
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match backend.advance_gc(keep).await {
+                    Ok(safe_point) => tracing::debug!(safe_point, "tikv GC safe point advanced"),
+                    Err(err) => tracing::warn!(%err, "tikv GC failed"),
+                }
+            }
+        });
+        GcTask { task }
+    }
+
+    /// Runs `request` (which needs PD) again while PD is unreachable, for up to
+    /// [`TikvOptions::connect_timeout`]. The client reconnects to PD at most once a second and
+    /// fails at once in between, so a restarting PD is waited out here.
+    async fn waiting_for_pd<T, F, Fut>(&self, mut request: F) -> Result<T, KvError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, TikvError>>,
+    {
+        let started = Instant::now();
+        loop {
+            match request().await {
+                Ok(value) => return Ok(value),
+                Err(err)
+                    if is_unreachable(&err) && started.elapsed() < self.options.connect_timeout =>
+                {
+                    tracing::debug!(%err, "tikv: PD unreachable, asking again");
+                    tokio::time::sleep(PD_RETRY_PAUSE).await;
+                }
+                Err(err) => return Err(read_error(err)),
+            }
+        }
+    }
+
+    fn read_options() -> TransactionOptions {
+        TransactionOptions::new_optimistic().drop_check(CheckLevel::None)
+    }
+
+    fn write_options() -> TransactionOptions {
+        TransactionOptions::new_optimistic().drop_check(CheckLevel::Warn)
+    }
+
+    /// One attempt at a commit.
+    async fn try_commit(&self, writes: &[PreparedWrite]) -> Result<Attempt, KvError> {
+        let started = Instant::now();
+        let mut txn = self
+            .waiting_for_pd(|| self.client.begin_with_options(Self::write_options()))
+            .await?;
+        let required: Vec<Vec<u8>> = writes
+            .iter()
+            .filter(|w| w.requirement != Requirement::None)
+            .map(|w| w.key.clone())
+            .collect();
+        if !required.is_empty() {
+            let present = loop {
+                match txn.batch_get(required.iter().cloned().map(Key::from)).await {
+                    Ok(pairs) => {
+                        break pairs
+                            .map(|pair| Vec::<u8>::from(pair.into_key()))
+                            .collect::<std::collections::BTreeSet<_>>();
+                    }
+                    Err(err)
+                        if is_lock_wait(&err) && started.elapsed() < self.options.lock_wait =>
+                    {
+                        tokio::time::sleep(LOCK_RETRY_PAUSE).await;
+                    }
+                    Err(err) => {
+                        abandon(&mut txn).await;
+                        return Err(read_error(err));
+                    }
+                }
+            };
+            if let Some(conflict) = first_unmet(writes, |key| present.contains(key)) {
+                abandon(&mut txn).await;
+                return Ok(Attempt::Done(CommitOutcome::Conflict(conflict)));
+            }
+        }
+        let mut lock_only = Vec::new();
+        for write in writes {
+            let key = Key::from(write.key.clone());
+            let buffered = match (&write.write, write.requirement) {
+                (Some(Some(value)), Requirement::Absent) => txn.insert(key, value.clone()).await,
+                (Some(Some(value)), _) => txn.put(key, value.clone()).await,
+                (Some(None), _) => txn.delete(key).await,
+                (None, _) => {
+                    lock_only.push(key);
+                    Ok(())
+                }
+            };
+            if let Err(err) = buffered {
+                abandon(&mut txn).await;
+                return Err(failed(format!("buffering a mutation failed: {err}")));
+            }
+        }
+        if !lock_only.is_empty() {
+            // A required key that is not written still takes part in the prewrite, so that a
+            // concurrent delete of it conflicts with this commit.
+            if let Err(err) = txn.lock_keys(lock_only).await {
+                abandon(&mut txn).await;
+                return Err(failed(format!("locking required keys failed: {err}")));
+            }
+        }
+        match txn.commit().await {
+            Ok(_) => Ok(Attempt::Done(CommitOutcome::Committed)),
+            Err(err) => Ok(self.after_failed_commit(&mut txn, err).await),
+        }
+    }
+
+    /// Decides what a failed `commit()` means. Key errors of the prewrite prove that the
+    /// primary was never committed. Anything else may have struck the primary's commit, so the
+    /// transaction is rolled back: if that succeeds it can never commit, and if it fails the
+    /// outcome is unknown.
+    async fn after_failed_commit(&self, txn: &mut Transaction, err: TikvError) -> Attempt {
+        if matches!(err, TikvError::UndeterminedError(_)) {
+            return Attempt::Done(CommitOutcome::Unknown {
+                reason: format!("the primary key's commit was sent but not answered: {err}"),
+            });
+        }
+        let class = classify(&err);
+        let rollback = txn.rollback().await;
+        match class {
+            ErrorClass::AlreadyExists(key) => {
+                Attempt::Done(CommitOutcome::Conflict(Conflict::AlreadyExists { key }))
+            }
+            ErrorClass::WriteConflict(key) => Attempt::Retry(Conflict::WriteConflict { key }),
+            ErrorClass::Locked | ErrorClass::Aborted => {
+                Attempt::Retry(Conflict::WriteConflict { key: None })
+            }
+            ErrorClass::Other => match rollback {
+                Ok(()) => Attempt::Failed(classify_failure(&err)),
+                Err(rollback_err) => Attempt::Done(CommitOutcome::Unknown {
+                    reason: format!(
+                        "commit failed ({err}) and rolling it back failed too ({rollback_err})"
+                    ),
+                }),
+            },
+        }
+    }
+}
+
+/// The background GC task of [`TikvBackend::spawn_gc`]; dropping it stops the task.
+#[derive(Debug)]
+pub struct GcTask {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for GcTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+enum Attempt {
+    Done(CommitOutcome),
+    Retry(Conflict),
+    Failed(KvError),
+}
+
+#[async_trait]
+impl KvBackend for TikvBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
+        let timestamp = self
+            .waiting_for_pd(|| self.client.current_timestamp())
+            .await?;
+        let registration = OpenSnapshot::register(&self.open, timestamp.version());
+        Ok(Arc::new(Snapshot {
+            client: self.client.clone(),
+            timestamp,
+            lock_wait: self.options.lock_wait,
+            _registration: registration,
+        }))
+    }
+
+    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+        let mut pause = Duration::from_millis(5);
+        let mut attempt = 0;
+        loop {
+            match self.try_commit(&writes).await? {
+                Attempt::Done(outcome) => return Ok(outcome),
+                Attempt::Failed(err) => return Err(err),
+                Attempt::Retry(conflict) => {
+                    attempt += 1;
+                    if attempt > self.options.conflict_retries {
+                        return Ok(CommitOutcome::Conflict(conflict));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+}
+
+/// A snapshot: a start timestamp, kept in the backend's registry of open snapshots while it
+/// lives so that GC does not pass it.
+struct Snapshot {
+    client: TransactionClient,
+    timestamp: Timestamp,
+    lock_wait: Duration,
+    _registration: OpenSnapshot,
+}
+
+impl Snapshot {
+    fn reader(&self) -> TikvSnapshot {
+        self.client
+            .snapshot(self.timestamp.clone(), TikvBackend::read_options())
+    }
+
+    /// Runs `read` on a fresh reader until it stops meeting live locks or `lock_wait` passes.
+    async fn retrying<T, F, Fut>(&self, mut read: F) -> Result<T, KvError>
+    where
+        F: FnMut(TikvSnapshot) -> Fut,
+        Fut: Future<Output = Result<T, TikvError>>,
+    {
+        let started = Instant::now();
+        loop {
+            match read(self.reader()).await {
+                Ok(value) => return Ok(value),
+                Err(err) if is_lock_wait(&err) && started.elapsed() < self.lock_wait => {
+                    tokio::time::sleep(LOCK_RETRY_PAUSE).await;
+                }
+                Err(err) => return Err(read_error(err)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl KvSnapshot for Snapshot {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.retrying(|mut reader| {
+            let key = key.to_vec();
+            async move { reader.get(key).await }
+        })
+        .await
+    }
+
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut found: BTreeMap<Vec<u8>, Vec<u8>> = self
+            .retrying(|mut reader| {
+                let keys = keys.to_vec();
+                async move {
+                    Ok(reader
+                        .batch_get(keys)
+                        .await?
+                        .map(|pair| {
+                            let (key, value): (Key, Vec<u8>) = pair.into();
+                            (Vec::from(key), value)
+                        })
+                        .collect())
+                }
+            })
+            .await?;
+        // A key asked for twice is answered twice; only its last mention may take the value.
+        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            let later = keys.iter().skip(i + 1).any(|k| k == key);
+            out.push(if later {
+                found.get(key).cloned()
+            } else {
+                found.remove(key)
+            });
+        }
+        Ok(out)
+    }
+
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+        if range.is_empty() {
+            return Ok(ScanPage {
+                pairs: Vec::new(),
+                exhausted: true,
+            });
+        }
+        let mut limit = page.rows.clamp(1, MAX_SCAN_ROWS);
+        let pairs = loop {
+            let asked = u32::try_from(limit).unwrap_or(u32::MAX);
+            let result = self
+                .retrying(|mut reader| {
+                    let bounds = range.start.clone()..range.end.clone();
+                    async move { Ok(reader.scan(bounds, asked).await?.collect::<Vec<_>>()) }
+                })
+                .await;
+            match result {
+                Ok(pairs) => break pairs,
+                // A region's answer outgrew the gRPC message limit: ask for fewer rows.
+                Err(err) if limit > 1 && is_too_large(&err) => limit /= 2,
+                Err(err) => return Err(err),
+            }
+        };
+        let returned = pairs.len();
+        let mut out = ScanPage::default();
+        let mut bytes = 0;
+        for pair in pairs {
+            if out.pairs.len() >= page.rows || bytes >= page.bytes {
+                break;
+            }
+            let (key, value): (Key, Vec<u8>) = pair.into();
+            let key = Vec::from(key);
+            bytes += key.len() + value.len();
+            out.pairs.push(KvPair { key, value });
+        }
+        // Fewer rows than asked for means the client read every region of the range to its end.
+        out.exhausted = out.pairs.len() == returned && returned < limit;
+        Ok(out)
+    }
+}
+
+/// Start timestamps of the open snapshots, with how many snapshots use each.
+#[derive(Debug, Default)]
+struct OpenSnapshots {
+    starts: Mutex<BTreeMap<u64, usize>>,
+}
+
+impl OpenSnapshots {
+    fn oldest(&self) -> Option<u64> {
+        let starts = self.starts.lock().unwrap_or_else(PoisonError::into_inner);
+        starts.keys().next().copied()
+    }
+
+    fn count(&self) -> usize {
+        let starts = self.starts.lock().unwrap_or_else(PoisonError::into_inner);
+        starts.values().sum()
+    }
+}
+
+/// One snapshot's entry in [`OpenSnapshots`], removed when dropped.
+struct OpenSnapshot {
+    registry: Arc<OpenSnapshots>,
+    start: u64,
+}
+
+impl OpenSnapshot {
+    fn register(registry: &Arc<OpenSnapshots>, start: u64) -> Self {
+        let mut starts = registry
+            .starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *starts.entry(start).or_insert(0) += 1;
+        Self {
+            registry: Arc::clone(registry),
+            start,
+        }
+    }
+}
+
+impl Drop for OpenSnapshot {
+    fn drop(&mut self) {
+        let mut starts = self
+            .registry
+            .starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = starts.get_mut(&self.start) {
+            *count -= 1;
+            if *count == 0 {
+                starts.remove(&self.start);
+            }
+        }
+    }
+}
+
+/// Ends a transaction that never reached its prewrite, or whose prewrite failed. Its locks, if
+/// any, are removed now rather than after their TTL; if that fails, readers resolve them.
+async fn abandon(txn: &mut Transaction) {
+    if let Err(err) = txn.rollback().await {
+        tracing::debug!(%err, "tikv rollback of an abandoned transaction failed");
+    }
+}
+
+/// What a failed commit's error says, found by walking the client's error nesting.
+#[derive(Debug, PartialEq, Eq)]
+enum ErrorClass {
+    /// An insert found its key present.
+    AlreadyExists(Vec<u8>),
+    /// Another transaction committed a key of this one after it started.
+    WriteConflict(Option<Vec<u8>>),
+    /// A live lock of another transaction outlasted the client's lock backoff.
+    Locked,
+    /// Another transaction rolled this one back (its locks expired).
+    Aborted,
+    /// Anything else.
+    Other,
+}
+
+fn classify(err: &TikvError) -> ErrorClass {
+    let mut found = ErrorClass::Other;
+    visit(err, &mut |leaf| {
+        let class = match leaf {
+            TikvError::KeyError(key_error) => {
+                if let Some(exists) = &key_error.already_exist {
+                    ErrorClass::AlreadyExists(exists.key.clone())
+                } else if let Some(conflict) = &key_error.conflict {
+                    ErrorClass::WriteConflict(Some(conflict.key.clone()))
+                } else if key_error.locked.is_some() {
+                    ErrorClass::Locked
+                } else if key_error.txn_not_found.is_some()
+                    || key_error.abort.contains("TxnLockNotFound")
+                {
+                    ErrorClass::Aborted
+                } else {
+                    ErrorClass::Other
+                }
+            }
+            TikvError::ResolveLockError(_) => ErrorClass::Locked,
+            TikvError::TxnNotFound(_) => ErrorClass::Aborted,
+            _ => ErrorClass::Other,
+        };
+        // The strongest statement wins: an existing key is a definite answer, a conflict a
+        // retryable one.
+        found = match (&found, class) {
+            (ErrorClass::AlreadyExists(_), _) => return,
+            (_, class @ ErrorClass::AlreadyExists(_)) => class,
+            (ErrorClass::WriteConflict(_), _) => return,
+            (_, class @ ErrorClass::WriteConflict(_)) | (ErrorClass::Other, class) => class,
+            _ => return,
+        };
+    });
+    // Among several existing keys, report the first in key order, as the other backends do.
+    if let ErrorClass::AlreadyExists(_) = found {
+        let mut first: Option<Vec<u8>> = None;
+        visit(err, &mut |leaf| {
+            if let TikvError::KeyError(key_error) = leaf
+                && let Some(exists) = &key_error.already_exist
+                && first.as_ref().is_none_or(|f| exists.key < *f)
+            {
+                first = Some(exists.key.clone());
+            }
+        });
+        if let Some(key) = first {
+            return ErrorClass::AlreadyExists(key);
+        }
+    }
+    found
+}
+
+fn visit(err: &TikvError, leaf: &mut dyn FnMut(&TikvError)) {
+    match err {
+        TikvError::MultipleKeyErrors(errors) | TikvError::ExtractedErrors(errors) => {
+            for inner in errors {
+                visit(inner, leaf);
+            }
+        }
+        TikvError::UndeterminedError(inner) | TikvError::PessimisticLockError { inner, .. } => {
+            visit(inner, leaf);
+        }
+        other => leaf(other),
+    }
+}
+
+fn is_lock_wait(err: &TikvError) -> bool {
+    let mut locked = false;
+    visit(err, &mut |leaf| {
+        locked |= matches!(leaf, TikvError::ResolveLockError(_))
+            || matches!(leaf, TikvError::KeyError(e) if e.locked.is_some());
+    });
+    locked
+}
+
+/// Whether a failure came from a region or store the client could not reach in time, rather
+/// than from a fault of the request.
+fn is_unreachable(err: &TikvError) -> bool {
+    let mut unreachable = false;
+    visit(err, &mut |leaf| {
+        unreachable |= matches!(
+            leaf,
+            TikvError::RegionError(_)
+                | TikvError::Grpc(_)
+                | TikvError::GrpcAPI(_)
+                | TikvError::LeaderNotFound { .. }
+                | TikvError::RegionForKeyNotFound { .. }
+                | TikvError::RegionForRangeNotFound { .. }
+                | TikvError::RegionNotFoundInResponse { .. }
+                | TikvError::Canceled(_)
+                | TikvError::Channel(_)
+                | TikvError::Io(_)
+        ) || matches!(leaf, TikvError::InternalError { message }
+                if message.contains("PD") || message.contains("TimestampRequest"));
+    });
+    unreachable
+}
+
+fn is_too_large(err: &KvError) -> bool {
+    matches!(err, KvError::Backend { reason, .. } | KvError::Unavailable { reason, .. }
+        if reason.contains("message length too large") || reason.contains("decoded message length"))
+}
+
+/// Maps an error of a read, or of a commit before anything could be written.
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "shaped for `map_err`; the error ends here"
+)]
+fn read_error(err: TikvError) -> KvError {
+    classify_failure(&err)
+}
+
+fn classify_failure(err: &TikvError) -> KvError {
+    if is_lock_wait(err) {
+        return failed(format!(
+            "keys stayed locked by another transaction: {}",
+            describe(err)
+        ));
+    }
+    if is_unreachable(err) {
+        unavailable(describe(err))
+    } else {
+        failed(describe(err))
+    }
+}
+
+/// A short account of a client error: its `Display`, with lock lists summarized.
+fn describe(err: &TikvError) -> String {
+    match err {
+        TikvError::ResolveLockError(locks) => {
+            format!(
+                "{} lock(s) of live transactions could not be resolved",
+                locks.len()
+            )
+        }
+        other => {
+            let text = other.to_string();
+            match text.char_indices().nth(1000) {
+                Some((cut, _)) => format!("{}…", &text[..cut]),
+                None => text,
+            }
+        }
+    }
+}
+
+fn unavailable(reason: impl Into<String>) -> KvError {
+    KvError::Unavailable {
+        backend: NAME,
+        reason: reason.into(),
+    }
+}
+
+fn failed(reason: impl Into<String>) -> KvError {
+    KvError::Backend {
+        backend: NAME,
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_error(f: impl FnOnce(&mut tikv_client::ProtoKeyError)) -> TikvError {
+        let mut e = tikv_client::ProtoKeyError::default();
+        f(&mut e);
+        TikvError::KeyError(Box::new(e))
+    }
+
+    #[test]
+    #[expect(
+        clippy::default_trait_access,
+        reason = "tikv-client does not export the protobuf types of KeyError's fields"
+    )]
+    fn nested_key_errors_are_classified() {
+        let exists = |k: &[u8]| {
+            key_error(|e| {
+                e.already_exist = Some(Default::default());
+                if let Some(a) = e.already_exist.as_mut() {
+                    a.key = k.to_vec();
+                }
+            })
+        };
+        let err = TikvError::ExtractedErrors(vec![TikvError::MultipleKeyErrors(vec![
+            exists(b"k9"),
+            exists(b"k2"),
+        ])]);
+        assert_eq!(classify(&err), ErrorClass::AlreadyExists(b"k2".to_vec()));
+
+        let conflict = key_error(|e| e.conflict = Some(Default::default()));
+        let err = TikvError::MultipleKeyErrors(vec![TikvError::ExtractedErrors(vec![conflict])]);
+        assert!(matches!(classify(&err), ErrorClass::WriteConflict(_)));
+
+        assert_eq!(
+            classify(&TikvError::ResolveLockError(Vec::new())),
+            ErrorClass::Locked
+        );
+        assert_eq!(
+            classify(&TikvError::StringError("x".into())),
+            ErrorClass::Other
+        );
+    }
+
+    #[test]
+    fn open_snapshots_register_and_leave() {
+        let registry = Arc::new(OpenSnapshots::default());
+        let a = OpenSnapshot::register(&registry, 20);
+        let b = OpenSnapshot::register(&registry, 10);
+        let c = OpenSnapshot::register(&registry, 10);
+        assert_eq!((registry.oldest(), registry.count()), (Some(10), 3));
+        drop(b);
+        assert_eq!(registry.oldest(), Some(10));
+        drop(c);
+        assert_eq!(registry.oldest(), Some(20));
+        drop(a);
+        assert_eq!((registry.oldest(), registry.count()), (None, 0));
+    }
+
+    #[test]
+    fn failures_name_the_backend() {
+        let err = classify_failure(&TikvError::StringError("boom".into()));
+        assert!(matches!(
+            err,
+            KvError::Backend {
+                backend: "tikv",
+                ..
+            }
+        ));
+        let err = classify_failure(&TikvError::InternalError {
+            message: "PD cluster failed to respond".into(),
+        });
+        assert!(matches!(
+            err,
+            KvError::Unavailable {
+                backend: "tikv",
+                ..
+            }
+        ));
+    }
+}
