@@ -2,7 +2,7 @@
 //! fixture): each commit as the staged batch `moraine::import` makes of it, and the catalog
 //! state after it, computed here straight from the rows added and removed.
 
-use moraine::import::{column_mapping_row, data_file_row, ducklake_steps, name_mapping_row};
+use moraine::import::{column_mapping_row, data_file_row, ducklake_steps, name_mapping_row, rows};
 use moraine::write::StagedBatch;
 use serde_json::Value;
 
@@ -21,18 +21,6 @@ pub struct Step {
     pub batch: StagedBatch,
     /// The three tables after the commit.
     pub expected: CatalogRows,
-}
-
-fn rows<'a>(step: &'a Value, table: &str, which: &str) -> Vec<&'a [Value]> {
-    step.get(table)
-        .and_then(|t| t.get(which))
-        .and_then(Value::as_array)
-        .map(|rows| {
-            rows.iter()
-                .filter_map(|r| r.as_array().map(Vec::as_slice))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The fixture's steps that changed the mapping or data-file tables, in order.

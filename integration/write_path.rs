@@ -748,3 +748,5 @@ macro_rules! write_path_suite {
 }
 
 write_path_suite!(Memory, Redb);
+#[cfg(feature = "tikv")]
+write_path_suite!(Tikv);

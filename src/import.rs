@@ -116,7 +116,9 @@ pub fn data_file_row(row: &[Value]) -> Result<DataFileRow> {
     })
 }
 
-fn rows<'a>(step: &'a Value, table: &str, which: &str) -> Vec<&'a [Value]> {
+/// The `which` (`"added"` or `"removed"`) rows of `table` in one commit of a dump.
+#[must_use]
+pub fn rows<'a>(step: &'a Value, table: &str, which: &str) -> Vec<&'a [Value]> {
     step.get(table)
         .and_then(|t| t.get(which))
         .and_then(Value::as_array)

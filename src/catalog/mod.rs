@@ -192,15 +192,11 @@ impl CatalogSnapshot {
         ranges: Vec<KeyRange>,
         page: PageSize,
     ) -> BoxStream<'static, Result<Vec<ColumnMapping>>> {
-        let keyspace = self.keyspace.clone();
-        self.pages(ranges, page)
-            .map(move |pairs| {
-                pairs?
-                    .iter()
-                    .map(|pair| decode_mapping_at(&keyspace, &pair.key, &pair.value))
-                    .collect()
-            })
-            .boxed()
+        decoded(
+            self.keyspace.clone(),
+            self.pages(ranges, page),
+            decode_mapping_at,
+        )
     }
 
     /// Streams the keys of the mapping records in `ranges`, decoded, without decoding values.
@@ -210,15 +206,11 @@ impl CatalogSnapshot {
         ranges: Vec<KeyRange>,
         page: PageSize,
     ) -> BoxStream<'static, Result<Vec<RowKey>>> {
-        let keyspace = self.keyspace.clone();
-        self.pages(ranges, page)
-            .map(move |pairs| {
-                pairs?
-                    .iter()
-                    .map(|pair| Ok(keyspace.decode(&pair.key)?))
-                    .collect()
-            })
-            .boxed()
+        decoded(
+            self.keyspace.clone(),
+            self.pages(ranges, page),
+            |keyspace, key, _| Ok(keyspace.decode(key)?),
+        )
     }
 
     /// Streams the data-file records in `ranges` (ranges of [`Kind::DataFile`]), one page per
@@ -229,15 +221,11 @@ impl CatalogSnapshot {
         ranges: Vec<KeyRange>,
         page: PageSize,
     ) -> BoxStream<'static, Result<Vec<DataFile>>> {
-        let keyspace = self.keyspace.clone();
-        self.pages(ranges, page)
-            .map(move |pairs| {
-                pairs?
-                    .iter()
-                    .map(|pair| decode_data_file_at(&keyspace, &pair.key, &pair.value))
-                    .collect()
-            })
-            .boxed()
+        decoded(
+            self.keyspace.clone(),
+            self.pages(ranges, page),
+            decode_data_file_at,
+        )
     }
 
     /// Streams the mapping records whose `mapping_id` lies in `ids`, through the `mapping_id`
@@ -248,15 +236,11 @@ impl CatalogSnapshot {
         ids: Vec<RangeInclusive<i64>>,
         page: PageSize,
     ) -> BoxStream<'static, Result<Vec<ColumnMapping>>> {
-        let keyspace = self.keyspace.clone();
-        self.pages_via_index(Kind::MappingById, ids, page)
-            .map(move |pairs| {
-                pairs?
-                    .iter()
-                    .map(|pair| decode_mapping_at(&keyspace, &pair.key, &pair.value))
-                    .collect()
-            })
-            .boxed()
+        decoded(
+            self.keyspace.clone(),
+            self.pages_via_index(Kind::MappingById, ids, page),
+            decode_mapping_at,
+        )
     }
 
     /// Streams the data-file records whose `data_file_id` lies in `ids`, through the
@@ -267,15 +251,11 @@ impl CatalogSnapshot {
         ids: Vec<RangeInclusive<i64>>,
         page: PageSize,
     ) -> BoxStream<'static, Result<Vec<DataFile>>> {
-        let keyspace = self.keyspace.clone();
-        self.pages_via_index(Kind::DataFileById, ids, page)
-            .map(move |pairs| {
-                pairs?
-                    .iter()
-                    .map(|pair| decode_data_file_at(&keyspace, &pair.key, &pair.value))
-                    .collect()
-            })
-            .boxed()
+        decoded(
+            self.keyspace.clone(),
+            self.pages_via_index(Kind::DataFileById, ids, page),
+            decode_data_file_at,
+        )
     }
 
     /// Pages of the rows an index lists for `ids`: each index page, then one batch read of its
@@ -330,6 +310,22 @@ impl CatalogSnapshot {
             .map(|page| page.map_err(Into::into))
             .boxed()
     }
+}
+
+/// Decodes every pair of every page with `decode`.
+fn decoded<T: Send + 'static>(
+    keyspace: Keyspace,
+    pages: BoxStream<'static, Result<Vec<KvPair>>>,
+    decode: fn(&Keyspace, &[u8], &[u8]) -> Result<T>,
+) -> BoxStream<'static, Result<Vec<T>>> {
+    pages
+        .map(move |pairs| {
+            pairs?
+                .iter()
+                .map(|pair| decode(&keyspace, &pair.key, &pair.value))
+                .collect()
+        })
+        .boxed()
 }
 
 /// Splits sorted, deduplicated ids into runs of consecutive ids.
