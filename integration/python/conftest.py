@@ -504,15 +504,64 @@ def moraine_uri(moraine) -> str:
 # Bounds and diagnostics.
 
 
+_REAL_STDERR_FD: Optional[int] = None
+HARD_KILL_AFTER_S = 30
+
+
+def pytest_configure(config):
+    # pytest captures fd 2 while tests run; keep the real one for the watchdog's messages.
+    global _REAL_STDERR_FD
+    try:
+        _REAL_STDERR_FD = os.dup(2)
+    except OSError:
+        _REAL_STDERR_FD = None
+
+
+def _say(text: str) -> None:
+    fd = _REAL_STDERR_FD if _REAL_STDERR_FD is not None else 2
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+
+
 @pytest.fixture(autouse=True)
-def _watchdog():
-    """Bounds every test: a test still running after TEST_TIMEOUT_S dumps all stacks and ends
-    the pytest process (the servers die with it through PR_SET_PDEATHSIG)."""
-    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True, file=sys.stderr)
+def _watchdog(request):
+    """Bounds every test. After TEST_TIMEOUT_S it prints every thread's stack and interrupts
+    the test (pytest then stops the session and tears the servers down); if that has not ended
+    the process HARD_KILL_AFTER_S later (stuck in native code), it kills the servers and exits.
+    The servers also die with pytest through PR_SET_PDEATHSIG."""
+    test = request.node.nodeid
+
+    def interrupt():
+        _say(f"\n!! moraine suite: {test} still running after {TEST_TIMEOUT_S} s; "
+             "interrupting it. Stacks:\n")
+        fd = _REAL_STDERR_FD if _REAL_STDERR_FD is not None else 2
+        faulthandler.dump_traceback(file=fd, all_threads=True)
+        # A real SIGINT at the main thread: it also breaks blocking sleeps and waits (ADBC
+        # cancels its call on SIGINT).
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def kill():
+        _say(f"\n!! moraine suite: {test} did not stop {HARD_KILL_AFTER_S} s after the "
+             "interrupt; killing the servers and exiting\n")
+        for server in list(_RUNNING):
+            try:
+                server.proc.kill()
+            except OSError:
+                pass
+        os._exit(3)
+
+    timers = [threading.Timer(TEST_TIMEOUT_S, interrupt),
+              threading.Timer(TEST_TIMEOUT_S + HARD_KILL_AFTER_S, kill)]
+    for t in timers:
+        t.daemon = True
+        t.start()
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        for t in timers:
+            t.cancel()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -347,11 +347,14 @@ def scratch(server_factory):
 
 def refused_statements(tmp: Path):
     out = tmp / "copy-out.parquet"
+    csv = tmp / "copy-out.csv"
     return [
         ("DROP TABLE ducklake_data_file", None),
         ("DROP TABLE main.ducklake_column_mapping", None),
         (f"COPY ducklake_data_file TO '{out}'", out),
         (f"COPY (SELECT * FROM ducklake_name_mapping) TO '{out}'", out),
+        (f"COPY ducklake_column_mapping TO '{csv}'", csv),
+        (f"COPY ducklake_column_mapping TO '{csv}' STORED AS CSV", csv),
         ("CREATE TABLE x (a BIGINT)", None),
         ("CREATE TABLE x AS SELECT * FROM ducklake_data_file", None),
         ("INSERT INTO ducklake_column_mapping VALUES (999, 9, 'map_by_name')", None),
