@@ -123,6 +123,14 @@ impl QueryEngine {
         let mut statement = state
             .sql_to_statement(sql, &dialect)
             .map_err(from_datafusion)?;
+        if touches_files(&statement) {
+            return Err(Error::Query {
+                kind: QueryErrorKind::Invalid,
+                message:
+                    "the SQL surface is read-only: COPY and CREATE EXTERNAL TABLE are not supported"
+                        .into(),
+            });
+        }
         if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
             rewrite::normalize(inner);
         }
@@ -205,6 +213,17 @@ impl QueryEngine {
             None => format!("SELECT * FROM {}", table.name()),
         };
         self.execute(&sql, Vec::new()).await
+    }
+}
+
+/// Statements refused before planning, since planning them already resolves file formats and
+/// paths: `COPY` and `CREATE EXTERNAL TABLE`, also under `EXPLAIN`.
+fn touches_files(statement: &datafusion::sql::parser::Statement) -> bool {
+    use datafusion::sql::parser::Statement;
+    match statement {
+        Statement::CopyTo(_) | Statement::CreateExternalTable(_) => true,
+        Statement::Explain(explain) => touches_files(&explain.statement),
+        Statement::Statement(_) | Statement::Reset(_) => false,
     }
 }
 
