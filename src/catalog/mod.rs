@@ -81,15 +81,6 @@ impl CatalogSnapshot {
         }
     }
 
-    /// Whether mapping `mapping_id` of table `table_id` exists.
-    ///
-    /// # Errors
-    /// [`Error::Kv`](crate::Error::Kv).
-    pub async fn mapping_exists(&self, table_id: TableId, mapping_id: MappingId) -> Result<bool> {
-        let key = self.keyspace.mapping_key(table_id, mapping_id);
-        Ok(self.snapshot.get(&key).await?.is_some())
-    }
-
     /// Whether each mapping `(table_id, mapping_id)` exists, in the same order; one batch read.
     ///
     /// # Errors

@@ -52,20 +52,6 @@ impl StagedBatch {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
-
-    /// Rows the batch inserts, over all tables.
-    #[must_use]
-    pub fn inserted_rows(&self) -> usize {
-        self.ops
-            .iter()
-            .map(|op| match op {
-                Op::Insert(Insert::ColumnMappings(rows)) => rows.len(),
-                Op::Insert(Insert::NameMappings(rows)) => rows.len(),
-                Op::Insert(Insert::DataFiles(rows)) => rows.len(),
-                Op::Delete(_) | Op::Update(_) => 0,
-            })
-            .sum()
-    }
 }
 
 /// One change of a [`StagedBatch`].
