@@ -415,7 +415,6 @@ async fn errors_carry_the_right_codes() {
         "CREATE TABLE x (a INT)",
         "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '/etc/passwd'",
         "COPY ducklake_data_file TO '/tmp/x.csv'",
-        "INSERT INTO ducklake_column_mapping VALUES (1, 1, 'map_by_name')",
         "SET datafusion.execution.batch_size = 1",
     ] {
         let err = client

@@ -5,6 +5,7 @@
 //! - `fake_tikv`, `tikv_faults` (feature `tikv`): an in-process fake PD/TiKV cluster the real
 //!   `tikv-client` runs against, and the TiKV backend under injected faults.
 //! - [`write_path`]: the staged write path (fold, validation, deletes, commit) on every backend.
+//! - [`flight_sql`], [`flight_writes`]: the Flight SQL server over real gRPC, reads and writes.
 
 #![allow(
     clippy::indexing_slicing,
@@ -16,6 +17,7 @@ mod ducklake_fixture;
 #[cfg(feature = "tikv")]
 mod fake_tikv;
 mod flight_sql;
+mod flight_writes;
 mod harness;
 mod redb_store;
 mod serve;

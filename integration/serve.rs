@@ -9,6 +9,9 @@ fn config(pd: Vec<String>, key_prefix: &str) -> ServeConfig {
         data: tempfile::tempdir().expect("dir").path().join("unused"),
         pd,
         key_prefix: key_prefix.to_owned(),
+        txn_idle_timeout: 300,
+        txn_max_rows: 1000,
+        txn_max_bytes: 1 << 20,
     }
 }
 

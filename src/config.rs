@@ -44,6 +44,28 @@ pub struct ServeConfig {
     /// (`[A-Za-z0-9._-]`, at most 64 bytes; empty on the embedded default).
     #[arg(long, env = "MORAINE_KEY_PREFIX", default_value = "")]
     pub key_prefix: String,
+    /// Seconds a transaction may sit idle before it is rolled back (clients that close
+    /// without ending their transaction leave it to this).
+    #[arg(long, env = "MORAINE_TXN_IDLE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub txn_idle_timeout: u64,
+    /// Most rows one transaction may stage before commit.
+    #[arg(long, env = "MORAINE_TXN_MAX_ROWS", default_value_t = 2_000_000)]
+    pub txn_max_rows: u64,
+    /// Most bytes (estimated) one transaction may stage before commit.
+    #[arg(long, env = "MORAINE_TXN_MAX_BYTES", default_value_t = 512 << 20)]
+    pub txn_max_bytes: u64,
+}
+
+impl ServeConfig {
+    /// The transaction settings.
+    #[must_use]
+    pub fn txn_config(&self) -> crate::txn::TxnConfig {
+        crate::txn::TxnConfig {
+            idle_timeout: std::time::Duration::from_secs(self.txn_idle_timeout),
+            max_rows: self.txn_max_rows,
+            max_bytes: self.txn_max_bytes,
+        }
+    }
 }
 
 /// Settings of `moraine import`.

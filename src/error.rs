@@ -51,11 +51,37 @@ pub enum Error {
         /// What was looked up.
         what: String,
     },
+    /// A write that was deliberately not committed (an upload without its commit marker).
+    #[error("{reason}")]
+    NotCommitted {
+        /// Why, and what was discarded.
+        reason: String,
+    },
+    /// Something the request would create already exists.
+    #[error("{what}")]
+    AlreadyExists {
+        /// What exists.
+        what: String,
+    },
     /// A client request that cannot be carried out as sent.
     #[error("{reason}")]
     InvalidRequest {
         /// What is wrong with it.
         reason: String,
+    },
+    /// A transaction that is not open (expired, finished, or never known here).
+    #[error("transaction {id} {state}")]
+    TransactionNotOpen {
+        /// The transaction id as the client sent it.
+        id: String,
+        /// What became of it, as a phrase: "expired after 300 s idle; nothing of it was written".
+        state: String,
+    },
+    /// A per-transaction or per-request limit was reached; nothing of the request was applied.
+    #[error("{what}")]
+    LimitExceeded {
+        /// Which limit, its value, and how to raise it.
+        what: String,
     },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]

@@ -38,6 +38,7 @@ pub mod kv;
 pub mod model;
 pub mod query;
 pub mod server;
+pub mod txn;
 pub mod write;
 
 pub use error::{Error, Result};

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::flight::{MoraineFlightService, MoraineSqlService};
 use crate::kv::{Store, StoreLimits};
 use crate::query::QueryEngine;
+use crate::txn::{Transactions, TxnConfig};
 
 /// Largest message accepted: ADBC sends ingest batches over tonic's 4 MiB default.
 const MAX_DECODING_MESSAGE: usize = 64 << 20;
@@ -73,11 +74,24 @@ impl RunningServer {
     }
 }
 
-/// Binds `addr` and serves `catalog` until [`RunningServer::shutdown`].
+/// Binds `addr` and serves `catalog` until [`RunningServer::shutdown`], with the default
+/// transaction settings.
 ///
 /// # Errors
 /// [`Error::Config`] when the address cannot be bound.
 pub async fn start(catalog: Catalog, addr: SocketAddr) -> Result<RunningServer> {
+    start_with(catalog, addr, TxnConfig::default()).await
+}
+
+/// Binds `addr` and serves `catalog` until [`RunningServer::shutdown`].
+///
+/// # Errors
+/// [`Error::Config`] when the address cannot be bound.
+pub async fn start_with(
+    catalog: Catalog,
+    addr: SocketAddr,
+    txn_config: TxnConfig,
+) -> Result<RunningServer> {
     let listener = TcpListener::bind(addr).await.map_err(|err| Error::Config {
         setting: "listen",
         reason: format!("cannot bind {addr}: {err}"),
@@ -86,7 +100,10 @@ pub async fn start(catalog: Catalog, addr: SocketAddr) -> Result<RunningServer> 
         setting: "listen",
         reason: err.to_string(),
     })?;
-    let service = MoraineFlightService::new(MoraineSqlService::new(QueryEngine::new(catalog)));
+    let txns = Arc::new(Transactions::new(catalog.clone(), txn_config));
+    txns.spawn_reaper();
+    let service =
+        MoraineFlightService::new(MoraineSqlService::new(QueryEngine::new(catalog), txns)?);
     let service = FlightServiceServer::new(service)
         .max_decoding_message_size(MAX_DECODING_MESSAGE)
         .max_encoding_message_size(MAX_ENCODING_MESSAGE);
@@ -94,9 +111,13 @@ pub async fn start(catalog: Catalog, addr: SocketAddr) -> Result<RunningServer> 
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                let _ = rx.await;
-            })
+            // Without TCP_NODELAY every small reply waits out delayed ACKs (about 40 ms a call).
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    let _ = rx.await;
+                },
+            )
             .await
             .map_err(|err| Error::InvalidRequest {
                 reason: format!("server failed: {err}"),
@@ -121,7 +142,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
         open_tikv(&config.pd).await?
     };
     let catalog = Catalog::new(store, keyspace);
-    let mut server = start(catalog, config.listen).await?;
+    let mut server = start_with(catalog, config.listen, config.txn_config()).await?;
     tracing::info!("moraine listening on {}", server.addr());
     let signal = tokio::select! {
         signal = shutdown_signal() => signal,

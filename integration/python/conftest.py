@@ -2,9 +2,11 @@
 
 Every test talks to a real `moraine serve` process over 127.0.0.1 with a real client (the ADBC
 Flight SQL driver or pyarrow.flight). The server's data comes from replaying DuckLake's own
-rows (`integration/fixtures/ducklake-0.3/steps.json`) through `moraine import`; the expected
-results come from replaying the same file here, in Python (`expected_rows()`), so no test
-hard-codes result rows.
+rows (`integration/fixtures/ducklake-0.3/steps.json`) through `moraine import` (or the server
+starts on an empty store); the expected results come from replaying the same file here, in
+Python (`expected_rows()`), so no test hard-codes result rows. Tests that write compute what
+the store must hold from the state they read first and the rows they wrote (`CatalogState`'s
+`with_rows`/`without_rows`/`with_changes`, the row builders `Mapping`, `data_file`).
 
 `MORAINE_BIN` names the binary (integration/run-tests sets it). Without it, the debug binary
 in cargo's target directory is used if it exists.
@@ -28,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pytest
@@ -163,6 +165,42 @@ class CatalogState:
         return out
 
 
+    # The state after a change, for tests that write: each returns a new state.
+
+    def with_rows(self, table: str, rows: Iterable[Row]) -> "CatalogState":
+        """This state plus `rows` inserted into `table`."""
+        tables = dict(self.tables)
+        tables[table] = sorted_rows(list(self.tables[table]) + [tuple(r) for r in rows])
+        return CatalogState(tables=tables)
+
+    def without_rows(self, table: str, drop: Callable[[Dict[str, Any]], bool]) -> "CatalogState":
+        """This state minus the rows of `table` for which `drop(row as a dict)` holds."""
+        names = column_names(table)
+        tables = dict(self.tables)
+        tables[table] = [r for r in self.tables[table] if not drop(dict(zip(names, r)))]
+        return CatalogState(tables=tables)
+
+    def with_changes(
+        self, table: str, where: Callable[[Dict[str, Any]], bool], **changes: Any
+    ) -> "CatalogState":
+        """This state with `changes` (column=value) applied to the rows of `table` that
+        `where(row as a dict)` selects."""
+        names = column_names(table)
+        out = []
+        for r in self.tables[table]:
+            rec = dict(zip(names, r))
+            if where(rec):
+                rec.update(changes)
+            out.append(tuple(rec[n] for n in names))
+        tables = dict(self.tables)
+        tables[table] = sorted_rows(out)
+        return CatalogState(tables=tables)
+
+    def mapping_keys(self) -> List[Tuple[int, int]]:
+        """The (table_id, mapping_id) of every stored mapping."""
+        return sorted((r[1], r[0]) for r in self.tables[COLUMN_MAPPING])
+
+
 def mapping_order_key(row: Row) -> Tuple[Any, ...]:
     """`ORDER BY mapping_id, parent_column NULLS FIRST` on a mapping-join row."""
     mapping_id, parent = row[0], row[6]
@@ -266,6 +304,134 @@ def expected() -> CatalogState:
 
 
 # --------------------------------------------------------------------------------------------
+# Rows for the write tests (built, not hard-coded results: the expected state is always the
+# state read before the write plus these rows).
+
+
+@dataclass
+class Mapping:
+    """One mapping as DuckLake writes it: its `ducklake_column_mapping` row and its
+    `ducklake_name_mapping` rows (column_id, source_name, target_field_id, parent_column,
+    is_partition, in pre-order)."""
+
+    mapping_id: int
+    table_id: int
+    names: List[Tuple[Any, ...]]
+    type: str = "map_by_name"
+
+    @property
+    def column_row(self) -> Row:
+        return (self.mapping_id, self.table_id, self.type)
+
+    @property
+    def name_rows(self) -> List[Row]:
+        return [(self.mapping_id,) + tuple(n) for n in self.names]
+
+    @property
+    def join_rows(self) -> List[Row]:
+        """The mapping in the shape of DuckLake's mapping load (one row per name row)."""
+        return [(self.mapping_id, self.table_id, self.type) + tuple(n) for n in self.names]
+
+    def added_to(self, state: CatalogState) -> CatalogState:
+        return state.with_rows(COLUMN_MAPPING, [self.column_row]).with_rows(
+            NAME_MAPPING, self.name_rows)
+
+
+def mapping_like(state: CatalogState, source_mapping_id: int, mapping_id: int,
+                 table_id: int) -> Mapping:
+    """A new mapping with the tree of the stored mapping `source_mapping_id` (DuckLake's own
+    nested trees: structs, lists, maps, a hive partition column)."""
+    names = [r[1:] for r in state[NAME_MAPPING] if r[0] == source_mapping_id]
+    assert names, f"no name rows for mapping {source_mapping_id}"
+    return Mapping(mapping_id, table_id, sorted(names, key=lambda n: n[0]))
+
+
+def flat_mapping(mapping_id: int, table_id: int, columns: int = 3) -> Mapping:
+    """A mapping of `columns` root columns c0, c1, ... with target field ids 1, 2, ..."""
+    return Mapping(mapping_id, table_id,
+                   [(i, f"c{i}", i + 1, None, False) for i in range(columns)])
+
+
+def data_file(data_file_id: int, table_id: int, mapping_id: Optional[int], *,
+              begin_snapshot: int = 1, end_snapshot: Optional[int] = None,
+              path: Optional[str] = None) -> Row:
+    """A `ducklake_data_file` row shaped like one `ducklake_add_data_files` registers."""
+    rec = {
+        "data_file_id": data_file_id,
+        "table_id": table_id,
+        "begin_snapshot": begin_snapshot,
+        "end_snapshot": end_snapshot,
+        "file_order": None,
+        "path": path if path is not None else f"/lake/t{table_id}/f{data_file_id}.parquet",
+        "path_is_relative": False,
+        "file_format": "parquet",
+        "record_count": 10 + data_file_id % 7,
+        "file_size_bytes": 1000 + data_file_id,
+        "footer_size": 200 + data_file_id % 13,
+        "row_id_start": 0,
+        "partition_id": None,
+        "encryption_key": None,
+        "partial_file_info": None,
+        "mapping_id": mapping_id,
+    }
+    return tuple(rec[n] for n in column_names(DATA_FILE))
+
+
+def arrow_rows(table: str, rows: Sequence[Row], columns=None) -> pa.Table:
+    """`rows` of `table` (declared column order) as an Arrow table of the declared types,
+    every field nullable; `columns` overrides the (name, type) list."""
+    cols = columns if columns is not None else COLUMNS[table]
+    arrays = [pa.array([r[i] for r in rows], type=t) for i, (_, t) in enumerate(cols)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(n, t) for n, t in cols]))
+
+
+def state_from_tables(tables: Dict[str, pa.Table]) -> CatalogState:
+    """The three tables read from a server, as a CatalogState."""
+    out = {}
+    for table in TABLES:
+        got = tables[table]
+        assert got.schema.names == column_names(table), f"{table}: columns {got.schema.names}"
+        out[table] = sorted_rows(tuple(r.values()) for r in got.to_pylist())
+    return CatalogState(tables=out)
+
+
+def diff_states(got: CatalogState, want: CatalogState) -> str:
+    """'' if equal, else which rows each table is missing and has unexpectedly."""
+    lines = []
+    for table in TABLES:
+        g, w = collections.Counter(got[table]), collections.Counter(want[table])
+        missing, extra = list((w - g).elements()), list((g - w).elements())
+        if missing or extra:
+            lines.append(f"{table}: {len(got[table])} rows, expected {len(want[table])}\n"
+                         f"  missing ({len(missing)}): {sorted_rows(missing)[:10]}\n"
+                         f"  unexpected ({len(extra)}): {sorted_rows(extra)[:10]}")
+    return "\n".join(lines)
+
+
+def mentions_id(message: str, ident: int) -> bool:
+    """Whether `message` names the number `ident` (not as part of a longer number)."""
+    return re.search(rf"(?<![0-9]){ident}(?![0-9])", message) is not None
+
+
+class Ids:
+    """Fresh ids for one server's tests: table ids and file-space ids (mapping_id and
+    data_file_id share DuckLake's next_file_id counter) far from the fixture's, so tests that
+    share a server never collide, and ids in error messages are unambiguous."""
+
+    def __init__(self, first_table: int = 9001, first_file: int = 7_000_001):
+        self._table = first_table
+        self._file = first_file
+
+    def table(self) -> int:
+        self._table += 1
+        return self._table
+
+    def file(self) -> int:
+        self._file += 1
+        return self._file
+
+
+# --------------------------------------------------------------------------------------------
 # The server process.
 
 LISTENING = re.compile(r"listening on (\S+)")
@@ -340,12 +506,14 @@ def run_import(binary: Path, data_dir: Path, steps_file: Path = FIXTURE) -> str:
 
 
 class Server:
-    """One `moraine serve` process on 127.0.0.1 with a free port."""
+    """One `moraine serve` process on 127.0.0.1 with a free port. `extra_args` go after the
+    suite's own flags (e.g. `["--txn-idle-timeout", "2"]`)."""
 
-    def __init__(self, binary: Path, data_dir: Path, name: str):
+    def __init__(self, binary: Path, data_dir: Path, name: str, extra_args: Sequence[str] = ()):
         self.name = name
         self.data_dir = data_dir
         self.cmd = [str(binary), "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir)]
+        self.cmd.extend(str(a) for a in extra_args)
         self.lines: collections.deque = collections.deque(maxlen=5000)
         self.line_count = 0
         self._lock = threading.Lock()
@@ -448,11 +616,16 @@ class Running:
     server: Server
 
 
-def _start(name: str, tmp_root: Path, steps_file: Path = FIXTURE) -> Tuple[Server, str, Path]:
+def _start(
+    name: str, tmp_root: Path, steps_file: Optional[Path] = FIXTURE, extra_args: Sequence[str] = ()
+) -> Tuple[Server, str, Path]:
+    """Imports `steps_file` into a new data directory (none: the server starts on an empty
+    store, which `moraine serve` creates) and starts a server on it."""
     binary = moraine_bin()
     data_dir = Path(tempfile.mkdtemp(prefix=f"moraine-{name}-", dir=tmp_root))
-    run_import(binary, data_dir, steps_file)
-    server = Server(binary, data_dir, name)
+    if steps_file is not None:
+        run_import(binary, data_dir, steps_file)
+    server = Server(binary, data_dir, name, extra_args)
     _RUNNING.append(server)
     try:
         uri = server.wait_listening()
@@ -466,13 +639,17 @@ def _start(name: str, tmp_root: Path, steps_file: Path = FIXTURE) -> Tuple[Serve
 
 @pytest.fixture(scope="session")
 def server_factory(tmp_path_factory) -> Iterator:
-    """Starts servers on the imported fixture; every one is stopped at the end of the session.
-    A server that does not stop cleanly on SIGTERM fails the session's teardown."""
+    """Starts servers, each on a data directory of its own: on the imported fixture by
+    default, on an empty store with `steps_file=None`, with `extra_args` appended to
+    `moraine serve`'s command line. Every one is stopped at the end of the session. A server
+    that does not stop cleanly on SIGTERM fails the session's teardown."""
     started: List[Tuple[Server, Path]] = []
     root = tmp_path_factory.mktemp("servers")
 
-    def start(name: str, steps_file: Path = FIXTURE) -> Running:
-        server, uri, data_dir = _start(name, root, steps_file)
+    def start(
+        name: str, steps_file: Optional[Path] = FIXTURE, extra_args: Sequence[str] = ()
+    ) -> Running:
+        server, uri, data_dir = _start(name, root, steps_file, extra_args)
         started.append((server, data_dir))
         return Running(uri, server)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import adbc_driver_flightsql.dbapi as flightsql
 import pyarrow as pa
 import pytest
+from adbc_driver_manager import AdbcStatusCode
 
 from conftest import (
     CATALOG,
@@ -52,8 +53,8 @@ JOIN_COLUMNS = [
 
 def connect(uri: str):
     with warnings.catch_warnings():
-        # A read-only server advertises no transactions: the DB-API then warns that it cannot
-        # disable autocommit. That is expected here.
+        # The read tests do not care whether the server advertises transactions (the DB-API
+        # warns when it cannot disable autocommit); test_writes_adbc.py checks that it does.
         warnings.simplefilter("ignore")
         return flightsql.connect(uri)
 
@@ -346,36 +347,56 @@ def scratch(server_factory):
 
 
 def refused_statements(tmp: Path):
+    """(sql, file it must not write, the exceptions it may raise, the ADBC status it must
+    carry or None). Writes DuckLake issues (INSERT, DELETE, the end_snapshot UPDATE) are real
+    writes now (test_writes_adbc.py); what stays refused is DDL, COPY, and UPDATEs DuckLake
+    never issues, which are constraint violations (INVALID_ARGUMENT)."""
     out = tmp / "copy-out.parquet"
     csv = tmp / "copy-out.csv"
+    either = (flightsql.ProgrammingError, flightsql.NotSupportedError)
+    invalid = (flightsql.ProgrammingError,)
+    bad = AdbcStatusCode.INVALID_ARGUMENT
     return [
-        ("DROP TABLE ducklake_data_file", None),
-        ("DROP TABLE main.ducklake_column_mapping", None),
-        (f"COPY ducklake_data_file TO '{out}'", out),
-        (f"COPY (SELECT * FROM ducklake_name_mapping) TO '{out}'", out),
-        (f"COPY ducklake_column_mapping TO '{csv}'", csv),
-        (f"COPY ducklake_column_mapping TO '{csv}' STORED AS CSV", csv),
-        ("CREATE TABLE x (a BIGINT)", None),
-        ("CREATE TABLE x AS SELECT * FROM ducklake_data_file", None),
-        ("INSERT INTO ducklake_column_mapping VALUES (999, 9, 'map_by_name')", None),
-        ("DELETE FROM ducklake_data_file WHERE data_file_id IN (1, 2)", None),
-        ("UPDATE ducklake_data_file SET end_snapshot = 99 WHERE end_snapshot IS NULL", None),
+        ("DROP TABLE ducklake_data_file", None, either, None),
+        ("DROP TABLE main.ducklake_column_mapping", None, either, None),
+        (f"COPY ducklake_data_file TO '{out}'", out, either, None),
+        (f"COPY (SELECT * FROM ducklake_name_mapping) TO '{out}'", out, either, None),
+        (f"COPY ducklake_column_mapping TO '{csv}'", csv, either, None),
+        (f"COPY ducklake_column_mapping TO '{csv}' STORED AS CSV", csv, either, None),
+        ("CREATE TABLE x (a BIGINT)", None, either, None),
+        ("CREATE TABLE x AS SELECT * FROM ducklake_data_file", None, either, None),
+        ("UPDATE ducklake_column_mapping SET type = 'map_by_id' WHERE mapping_id = 0",
+         None, invalid, bad),
+        ("UPDATE ducklake_column_mapping SET table_id = 2", None, invalid, bad),
+        ("UPDATE ducklake_name_mapping SET source_name = 'x' WHERE mapping_id = 0",
+         None, invalid, bad),
+        ("UPDATE ducklake_data_file SET path = '/elsewhere.parquet' WHERE data_file_id = 1",
+         None, invalid, bad),
+        ("UPDATE ducklake_data_file SET path = '/elsewhere.parquet', end_snapshot = 99 "
+         "WHERE end_snapshot IS NULL AND data_file_id IN (1)", None, invalid, bad),
     ]
 
 
-def test_writes_and_ddl_are_refused(scratch, expected, tmp_path):
-    for sql, out in refused_statements(tmp_path):
+def test_ddl_copy_and_foreign_updates_are_refused(scratch, expected, tmp_path):
+    for sql, out, errors, status in refused_statements(tmp_path):
         with scratch.cursor() as cur:
-            with pytest.raises((flightsql.ProgrammingError, flightsql.NotSupportedError)) as e:
+            with pytest.raises(errors) as e:
                 cur.execute(sql)
                 cur.fetch_arrow_table()
             assert str(e.value).strip(), f"{sql}: empty error message"
+            if status is not None:
+                assert e.value.status_code == status, f"{sql}: {e.value!r}"
         if out is not None:
             assert not out.exists(), f"{sql}: wrote {out}"
-        # Everything is still there, unchanged.
+        # Everything is still there, unchanged (in this connection's own view too, which
+        # would show anything the statement had staged).
         for table in TABLES:
             got = query(scratch, f"SELECT * FROM {table}")
             assert_same_rows(rows(got), expected[table], f"{table} after `{sql}`")
+    scratch.commit()
+    for table in TABLES:
+        got = query(scratch, f"SELECT * FROM {table}")
+        assert_same_rows(rows(got), expected[table], f"{table} after the commit")
     objects = scratch.adbc_get_objects(depth="tables").read_all().to_pylist()
     names = {
         t["table_name"]

@@ -10,7 +10,7 @@ use futures::stream::{BoxStream, StreamExt as _};
 
 use crate::codec::{CodecError, Keyspace, Kind, RowKey, decode_data_file, decode_mapping};
 use crate::error::Result;
-use crate::kv::{KeyRange, KvPair, PageSize, Snapshot, Store};
+use crate::kv::{KeyRange, KvPair, PageSize, Snapshot, Store, WriteSet};
 use crate::model::{ColumnMapping, DataFile, DataFileId, MappingId, TableId};
 
 /// The catalog: a store and the keyspace of one deployment in it.
@@ -59,6 +59,16 @@ pub struct CatalogSnapshot {
 }
 
 impl CatalogSnapshot {
+    /// This view with `writes` applied, uncommitted: a transaction's view of its own staged
+    /// changes.
+    #[must_use]
+    pub fn overlaid(&self, writes: &WriteSet) -> CatalogSnapshot {
+        CatalogSnapshot {
+            snapshot: self.snapshot.overlaid(writes),
+            keyspace: self.keyspace.clone(),
+        }
+    }
+
     /// The keyspace read.
     #[must_use]
     pub fn keyspace(&self) -> &Keyspace {

@@ -29,32 +29,38 @@ fn arrow_error(err: &dyn std::fmt::Display) -> Error {
     }
 }
 
-/// The server's `SqlInfo`: what it is and what it supports.
-pub static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
+/// The server's `SqlInfo`: what it is and what it supports. `txn_timeout_ms` is how long an
+/// idle transaction lives (`SqlInfo` 101).
+///
+/// # Errors
+/// Only if arrow-flight's builder refuses the values, which is a bug.
+pub fn sql_info(txn_timeout_ms: i32) -> Result<SqlInfoData> {
     let mut info = SqlInfoDataBuilder::new();
     info.append(SqlInfo::FlightSqlServerName, "moraine");
     info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
     info.append(SqlInfo::FlightSqlServerArrowVersion, "59");
-    info.append(SqlInfo::FlightSqlServerReadOnly, true);
+    info.append(SqlInfo::FlightSqlServerReadOnly, false);
     info.append(SqlInfo::FlightSqlServerSql, true);
     info.append(SqlInfo::FlightSqlServerSubstrait, false);
     info.append(
         SqlInfo::FlightSqlServerTransaction,
-        SqlSupportedTransaction::None as i32,
+        SqlSupportedTransaction::Transaction as i32,
     );
     info.append(SqlInfo::FlightSqlServerCancel, false);
-    info.append(SqlInfo::FlightSqlServerBulkIngestion, false);
+    info.append(SqlInfo::FlightSqlServerBulkIngestion, true);
+    info.append(SqlInfo::FlightSqlServerIngestTransactionsSupported, true);
     info.append(
         SqlInfo::FlightSqlServerStatementTimeout,
         PREPARED_STATEMENT_TTL_MS,
     );
+    info.append(SqlInfo::FlightSqlServerTransactionTimeout, txn_timeout_ms);
     info.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
     info.append(SqlInfo::SqlDdlCatalog, false);
     info.append(SqlInfo::SqlDdlSchema, false);
     info.append(SqlInfo::SqlDdlTable, false);
-    info.build()
-        .unwrap_or_else(|err| panic!("static SqlInfo is valid: {err}"))
-});
+    info.append(SqlInfo::SqlTransactionsSupported, true);
+    info.build().map_err(|err| arrow_error(&err))
+}
 
 /// The types the served tables use.
 pub static XDBC_TYPES: LazyLock<XdbcTypeInfoData> = LazyLock::new(|| {

@@ -24,6 +24,39 @@ use crate::query::arrow::table_schema;
 
 type Inner = MoraineSqlService;
 
+/// A request that carries no credentials gets a session of its own: a bearer token, set on
+/// the request (so the handler sees the session) and returned for the response. Clients that
+/// replay an `authorization` header from any response (ADBC does) then stay in that session,
+/// so requests they send without a transaction id (ADBC's ingest) can join its transaction.
+fn open_session<T>(
+    request: &mut Request<T>,
+) -> Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+    if request.metadata().contains_key("authorization") {
+        return None;
+    }
+    let value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+        format!("Bearer {}", crate::txn::random_token())
+            .parse()
+            .ok()?;
+    request
+        .metadata_mut()
+        .insert("authorization", value.clone());
+    Some(value)
+}
+
+/// `response` with the session header of [`open_session`], if one was opened.
+fn with_session<T>(
+    response: Result<Response<T>, Status>,
+    session: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+) -> Result<Response<T>, Status> {
+    response.map(|mut response| {
+        if let Some(value) = session {
+            response.metadata_mut().insert("authorization", value);
+        }
+        response
+    })
+}
+
 /// The Flight service moraine serves.
 #[derive(Clone)]
 pub struct MoraineFlightService {
@@ -126,10 +159,14 @@ impl FlightService for MoraineFlightService {
 
     async fn get_flight_info(
         &self,
-        request: Request<FlightDescriptor>,
+        mut request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         if request.get_ref().r#type() != DescriptorType::Path {
-            return FlightService::get_flight_info(&*self.sql, request).await;
+            let session = open_session(&mut request);
+            return with_session(
+                FlightService::get_flight_info(&*self.sql, request).await,
+                session,
+            );
         }
         let descriptor = request.into_inner();
         table_of_path(&descriptor.path)
@@ -162,9 +199,11 @@ impl FlightService for MoraineFlightService {
                     reason: err.to_string(),
                 })
             }
-            TicketKind::Statement { .. } => Err(Error::InvalidRequest {
-                reason: "not a table path".into(),
-            }),
+            TicketKind::Statement { .. } | TicketKind::Affected { .. } => {
+                Err(Error::InvalidRequest {
+                    reason: "not a table path".into(),
+                })
+            }
         });
         result.map(Response::new).map_err(|err| to_status(&err))
     }
@@ -178,9 +217,10 @@ impl FlightService for MoraineFlightService {
 
     async fn do_put(
         &self,
-        request: Request<Streaming<FlightData>>,
+        mut request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        FlightService::do_put(&*self.sql, request).await
+        let session = open_session(&mut request);
+        with_session(FlightService::do_put(&*self.sql, request).await, session)
     }
 
     async fn do_exchange(
@@ -192,9 +232,10 @@ impl FlightService for MoraineFlightService {
 
     async fn do_action(
         &self,
-        request: Request<Action>,
+        mut request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        FlightService::do_action(&*self.sql, request).await
+        let session = open_session(&mut request);
+        with_session(FlightService::do_action(&*self.sql, request).await, session)
     }
 
     async fn list_actions(

@@ -11,6 +11,8 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 
 use crate::error::{Error, Result};
+use crate::query::dml::WriteStatement;
+use crate::txn::TxnId;
 
 /// One prepared statement.
 #[derive(Debug, Clone)]
@@ -21,6 +23,10 @@ pub struct Prepared {
     pub parameters: SchemaRef,
     /// The values bound last, if any.
     pub bound: Vec<ScalarValue>,
+    /// The write it performs, for `INSERT`, `UPDATE` and `DELETE`.
+    pub write: Option<WriteStatement>,
+    /// The transaction it was prepared in.
+    pub txn: Option<TxnId>,
 }
 
 struct Entry {

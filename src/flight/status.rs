@@ -63,7 +63,10 @@ fn code_of(err: &Error) -> Code {
             QueryErrorKind::Internal => Code::Internal,
         },
         Error::Unsupported { .. } => Code::Unimplemented,
+        Error::TransactionNotOpen { .. } | Error::NotCommitted { .. } => Code::FailedPrecondition,
+        Error::LimitExceeded { .. } => Code::ResourceExhausted,
         Error::NotFound { .. } => Code::NotFound,
+        Error::AlreadyExists { .. } => Code::AlreadyExists,
         Error::InvalidRequest { .. } | Error::Config { .. } => Code::InvalidArgument,
     }
 }

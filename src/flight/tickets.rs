@@ -36,6 +36,12 @@ struct TicketBody {
     /// Only the rows of this DuckLake table.
     #[prost(int64, optional, tag = "4")]
     table_id: Option<i64>,
+    /// The transaction whose view a query reads.
+    #[prost(string, optional, tag = "5")]
+    txn: Option<String>,
+    /// The affected-row count of a write statement already executed.
+    #[prost(int64, optional, tag = "6")]
+    affected: Option<i64>,
 }
 
 /// What a ticket streams.
@@ -47,6 +53,13 @@ pub enum TicketKind {
         sql: String,
         /// Positional parameters.
         params: Vec<ScalarValue>,
+        /// Read in this transaction's view, not the latest state.
+        txn: Option<String>,
+    },
+    /// The result of a write statement that already ran: one row, its affected-row count.
+    Affected {
+        /// The count.
+        rows: i64,
     },
     /// A whole table, or one DuckLake table's rows of it.
     Table {
@@ -64,17 +77,20 @@ impl TicketKind {
     /// [`Error::InvalidRequest`] when a parameter cannot be encoded.
     pub fn encode(&self) -> Result<Vec<u8>> {
         let body = match self {
-            TicketKind::Statement { sql, params } => TicketBody {
+            TicketKind::Statement { sql, params, txn } => TicketBody {
                 sql: Some(sql.clone()),
                 params: encode_params(params)?,
-                table: None,
-                table_id: None,
+                txn: txn.clone(),
+                ..TicketBody::default()
             },
             TicketKind::Table { table, table_id } => TicketBody {
-                sql: None,
-                params: Vec::new(),
                 table: Some(table.name().to_owned()),
                 table_id: *table_id,
+                ..TicketBody::default()
+            },
+            TicketKind::Affected { rows } => TicketBody {
+                affected: Some(*rows),
+                ..TicketBody::default()
             },
         };
         let mut out = MAGIC.to_vec();
@@ -106,6 +122,10 @@ impl TicketKind {
             (Some(sql), None) => Ok(TicketKind::Statement {
                 sql,
                 params: decode_params(&body.params)?,
+                txn: body.txn,
+            }),
+            (None, None) if body.affected.is_some() => Ok(TicketKind::Affected {
+                rows: body.affected.unwrap_or_default(),
             }),
             (None, Some(table)) => Ok(TicketKind::Table {
                 table: CatalogTable::from_name(&table)
@@ -194,11 +214,14 @@ mod tests {
             TicketKind::Statement {
                 sql: "SELECT 1".into(),
                 params: vec![],
+                txn: None,
             },
             TicketKind::Statement {
                 sql: "SELECT * FROM t WHERE a = $1 AND b = $2".into(),
                 params: vec![ScalarValue::Int64(Some(7)), ScalarValue::Utf8(None)],
+                txn: Some("0f".repeat(16)),
             },
+            TicketKind::Affected { rows: 42 },
             TicketKind::Table {
                 table: CatalogTable::DataFile,
                 table_id: Some(-3),

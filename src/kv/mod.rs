@@ -12,6 +12,7 @@
 //! one [`PreparedWrite`] per key.
 
 pub mod memory;
+mod overlay;
 #[cfg(feature = "redb")]
 pub mod redb;
 #[cfg(feature = "tikv")]
@@ -344,6 +345,18 @@ impl fmt::Debug for Snapshot {
 }
 
 impl Snapshot {
+    /// This snapshot seen through `writes`, uncommitted: reads answer from `writes` where they
+    /// touch a key and from this snapshot elsewhere. Nothing is written to the store.
+    #[must_use]
+    pub fn overlaid(&self, writes: &WriteSet) -> Snapshot {
+        Snapshot {
+            inner: Arc::new(overlay::OverlaySnapshot {
+                base: Arc::clone(&self.inner),
+                writes: Arc::new(overlay::net_writes(writes)),
+            }),
+        }
+    }
+
     /// The value of `key`.
     ///
     /// # Errors

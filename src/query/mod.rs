@@ -9,6 +9,7 @@
 //! This is the only module that knows DataFusion; its errors leave as [`crate::Error`].
 
 pub mod arrow;
+pub mod dml;
 pub mod provider;
 pub mod pushdown;
 pub mod rewrite;
@@ -26,7 +27,7 @@ use datafusion::execution::context::SQLOptions;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::error::{Error, QueryErrorKind, Result};
 use crate::model::CatalogTable;
 use provider::CatalogTableProvider;
@@ -80,9 +81,8 @@ impl QueryEngine {
         &self.catalog
     }
 
-    /// A session whose catalog tables read one fresh snapshot.
-    async fn session(&self) -> Result<SessionContext> {
-        let snapshot = self.catalog.snapshot().await?;
+    /// A session whose catalog tables read `snapshot`.
+    fn session(&self, snapshot: &CatalogSnapshot) -> Result<SessionContext> {
         let schema = MemorySchemaProvider::new();
         for table in CatalogTable::ALL {
             let provider = Arc::new(CatalogTableProvider::new(table, snapshot.clone()));
@@ -112,8 +112,13 @@ impl QueryEngine {
         Ok(SessionContext::new_with_state(state))
     }
 
-    async fn dataframe(&self, sql: &str, params: Vec<ScalarValue>) -> Result<DataFrame> {
-        let ctx = self.session().await?;
+    async fn dataframe(
+        &self,
+        snapshot: &CatalogSnapshot,
+        sql: &str,
+        params: Vec<ScalarValue>,
+    ) -> Result<DataFrame> {
+        let ctx = self.session(snapshot)?;
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
@@ -155,7 +160,8 @@ impl QueryEngine {
     /// # Errors
     /// [`Error::Query`] for SQL that does not parse or plan, or is not read-only.
     pub async fn shape(&self, sql: &str) -> Result<QueryShape> {
-        let frame = self.dataframe(sql, Vec::new()).await?;
+        let snapshot = self.catalog.snapshot().await?;
+        let frame = self.dataframe(&snapshot, sql, Vec::new()).await?;
         let types = frame
             .logical_plan()
             .get_parameter_types()
@@ -178,7 +184,21 @@ impl QueryEngine {
     /// # Errors
     /// As [`execute`](Self::execute).
     pub async fn schema(&self, sql: &str, params: Vec<ScalarValue>) -> Result<SchemaRef> {
-        let frame = self.dataframe(sql, params).await?;
+        let snapshot = self.catalog.snapshot().await?;
+        self.schema_at(&snapshot, sql, params).await
+    }
+
+    /// The schema the stream of `sql` with `params` will have, reading `snapshot`.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub async fn schema_at(
+        &self,
+        snapshot: &CatalogSnapshot,
+        sql: &str,
+        params: Vec<ScalarValue>,
+    ) -> Result<SchemaRef> {
+        let frame = self.dataframe(snapshot, sql, params).await?;
         Ok(frame
             .create_physical_plan()
             .await
@@ -195,7 +215,22 @@ impl QueryEngine {
         sql: &str,
         params: Vec<ScalarValue>,
     ) -> Result<SendableRecordBatchStream> {
-        let frame = self.dataframe(sql, params).await?;
+        let snapshot = self.catalog.snapshot().await?;
+        self.execute_at(&snapshot, sql, params).await
+    }
+
+    /// Runs `sql` with positional `params` reading `snapshot` (a transaction's view) and
+    /// streams the result.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub async fn execute_at(
+        &self,
+        snapshot: &CatalogSnapshot,
+        sql: &str,
+        params: Vec<ScalarValue>,
+    ) -> Result<SendableRecordBatchStream> {
+        let frame = self.dataframe(snapshot, sql, params).await?;
         frame.execute_stream().await.map_err(from_datafusion)
     }
 

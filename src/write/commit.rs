@@ -1,7 +1,7 @@
 //! Runs a plan as one store transaction and says what became of it.
 
 use super::StagedBatch;
-use super::plan::{PlanSummary, plan_batch};
+use super::plan::{CommitPlan, PlanSummary, plan_batch};
 use crate::catalog::Catalog;
 use crate::codec::Kind;
 use crate::error::{Error, Result};
@@ -27,6 +27,16 @@ pub struct CommitReport {
 pub async fn commit_batch(catalog: &Catalog, batch: &StagedBatch) -> Result<CommitReport> {
     let snapshot = catalog.snapshot().await?;
     let plan = plan_batch(&snapshot, batch).await?;
+    apply(catalog, plan).await
+}
+
+/// Commits a plan made against some snapshot of `catalog`. Every key the plan creates is
+/// insert-if-absent and every key it changes must still be present, so a commit that
+/// happened since that snapshot and touched the same records makes this one a conflict.
+///
+/// # Errors
+/// As [`commit_batch`], without validation.
+pub async fn apply(catalog: &Catalog, plan: CommitPlan) -> Result<CommitReport> {
     match catalog.store().commit(plan.writes).await? {
         CommitOutcome::Committed => Ok(CommitReport {
             affected: plan.affected,

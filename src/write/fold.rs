@@ -62,7 +62,9 @@ impl NameGroups {
 }
 
 /// Folds one column-mapping insert and its name rows into a record, or reports why not.
-/// Returns `None` when any violation was found for this mapping.
+/// Returns `None` when a violation no later change can mend was found for this mapping; with
+/// only pending ones ([`Violation::is_pending`]) the record is returned for a transaction's
+/// view, and the violations keep it from being committed.
 pub fn fold_mapping(
     table_id: i64,
     mapping_id: i64,
@@ -76,7 +78,6 @@ pub fn fold_mapping(
             table_id,
             mapping_id,
         });
-        return None;
     }
     let mut names = Vec::with_capacity(group.len());
     for (position, row) in group {
@@ -114,7 +115,12 @@ pub fn fold_mapping(
             });
         }
     }
-    (violations.len() == before).then_some(ColumnMapping {
+    // A mapping whose only faults a later change may mend stays in the batch's view (it is
+    // never committed while they last).
+    let pending_only = violations
+        .get(before..)
+        .is_some_and(|new| new.iter().all(Violation::is_pending));
+    pending_only.then_some(ColumnMapping {
         mapping_id: MappingId(mapping_id),
         table_id: TableId(table_id),
         map_type,

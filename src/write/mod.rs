@@ -8,6 +8,7 @@
 //! - [`commit`](mod@commit): that write set committed in one store transaction.
 
 pub mod commit;
+pub mod decode;
 pub mod fold;
 pub mod plan;
 pub mod validate;
@@ -15,7 +16,7 @@ pub mod validate;
 use std::ops::RangeInclusive;
 
 pub use commit::{CommitReport, commit_batch};
-pub use plan::{CommitPlan, plan_batch};
+pub use plan::{CommitPlan, Evaluation, evaluate, plan_batch};
 pub use validate::{ValidationError, Violation};
 
 use crate::model::{
@@ -47,10 +48,62 @@ impl StagedBatch {
         &self.ops
     }
 
+    /// Removes the last change (a statement that was refused after it was staged).
+    pub fn pop(&mut self) -> Option<Op> {
+        self.ops.pop()
+    }
+
     /// Whether the batch changes nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+}
+
+impl Op {
+    /// Rows the change stages and an estimate of the bytes it holds, for per-transaction
+    /// limits. A delete or update counts as one row.
+    #[must_use]
+    pub fn staged_size(&self) -> (u64, u64) {
+        fn text(value: Option<&String>) -> u64 {
+            value.map_or(0, |s| s.len() as u64)
+        }
+        match self {
+            Op::Insert(Insert::ColumnMappings(rows)) => (
+                rows.len() as u64,
+                rows.iter().map(|r| 24 + text(r.map_type.as_ref())).sum(),
+            ),
+            Op::Insert(Insert::NameMappings(rows)) => (
+                rows.len() as u64,
+                rows.iter().map(|r| 48 + text(r.source_name.as_ref())).sum(),
+            ),
+            Op::Insert(Insert::DataFiles(rows)) => (
+                rows.len() as u64,
+                rows.iter()
+                    .map(|r| {
+                        128 + text(r.path.as_ref())
+                            + text(r.file_format.as_ref())
+                            + text(r.encryption_key.as_ref())
+                            + text(r.partial_file_info.as_ref())
+                    })
+                    .sum(),
+            ),
+            Op::Delete(delete) => (1, 16 + 8 * delete.ids_len()),
+            Op::Update(_) => (1, 64),
+        }
+    }
+}
+
+impl Delete {
+    fn ids_len(&self) -> u64 {
+        match self {
+            Delete::ColumnMappingsOfTables(ids) | Delete::DataFilesOfTables(ids) => {
+                ids.len() as u64
+            }
+            Delete::ColumnMappings(ids) | Delete::NameMappings(ids) => ids.len() as u64,
+            Delete::DataFiles(ids) => ids.len() as u64,
+            Delete::OrphanNameMappings | Delete::DataFileIdRange(_) => 0,
+        }
     }
 }
 

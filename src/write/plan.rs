@@ -48,12 +48,46 @@ pub struct PlanSummary {
     pub files_deleted: u64,
 }
 
+/// A batch evaluated against a snapshot, violations and all.
+#[derive(Debug)]
+pub struct Evaluation {
+    /// What committing would do. Meaningful as a view of the batch even with violations: rows
+    /// that break a constraint are left out of it.
+    pub plan: CommitPlan,
+    /// Every violation, in the order the batch's rows were checked.
+    pub violations: Vec<Violation>,
+}
+
+impl Evaluation {
+    /// The plan, or every violation as an [`Error::Validation`].
+    ///
+    /// # Errors
+    /// [`Error::Validation`] when there is a violation.
+    pub fn into_plan(self) -> Result<CommitPlan> {
+        if self.violations.is_empty() {
+            Ok(self.plan)
+        } else {
+            Err(Error::Validation(ValidationError {
+                violations: self.violations,
+            }))
+        }
+    }
+}
+
 /// Evaluates `batch` against `snapshot`.
 ///
 /// # Errors
 /// [`Error::Validation`] with every violation of the batch; [`Error::Kv`] or
 /// [`Error::Codec`] when reading the snapshot fails.
 pub async fn plan_batch(snapshot: &CatalogSnapshot, batch: &StagedBatch) -> Result<CommitPlan> {
+    evaluate(snapshot, batch).await?.into_plan()
+}
+
+/// Evaluates `batch` against `snapshot`, collecting violations instead of failing on them.
+///
+/// # Errors
+/// [`Error::Kv`] or [`Error::Codec`] when reading the snapshot fails.
+pub async fn evaluate(snapshot: &CatalogSnapshot, batch: &StagedBatch) -> Result<Evaluation> {
     let mut violations = Vec::new();
     let mut groups = NameGroups::default();
     let mut name_rows = 0;
@@ -86,15 +120,14 @@ pub async fn plan_batch(snapshot: &CatalogSnapshot, batch: &StagedBatch) -> Resu
         affected.push(rows);
     }
     violations.extend(groups.into_orphans());
-    let writes = overlay.into_writes(&mut violations).await?;
-    if !violations.is_empty() {
-        return Err(Error::Validation(ValidationError { violations }));
-    }
-    let (writes, summary) = writes;
-    Ok(CommitPlan {
-        writes,
-        affected,
-        summary,
+    let (writes, summary) = overlay.into_writes(&mut violations).await?;
+    Ok(Evaluation {
+        plan: CommitPlan {
+            writes,
+            affected,
+            summary,
+        },
+        violations,
     })
 }
 

@@ -150,6 +150,20 @@ fn describe_row(row_id: Option<i64>) -> String {
 }
 
 impl Violation {
+    /// Whether a later change of the same transaction can still mend the violation: a mapping
+    /// whose name rows, a name row whose mapping or parent, or a file whose mapping have not
+    /// been staged yet. Everything else is final when it is staged.
+    #[must_use]
+    pub fn is_pending(&self) -> bool {
+        matches!(
+            self,
+            Violation::EmptyMapping { .. }
+                | Violation::OrphanNameMappings { .. }
+                | Violation::ParentMissing { .. }
+                | Violation::UnknownMapping { .. }
+        )
+    }
+
     /// Whether the violation is a key that already exists (as opposed to a malformed batch).
     #[must_use]
     pub fn is_already_exists(&self) -> bool {

@@ -1,0 +1,608 @@
+#!/usr/bin/env python3
+"""Mirror a DuckLake catalog's foreign-file tables into moraine.
+
+DuckLake keeps three catalog tables for Parquet it did not write itself
+(`ducklake_add_data_files`): `ducklake_column_mapping`, `ducklake_name_mapping` and
+`ducklake_data_file`. This client copies them from a DuckLake catalog kept in a DuckDB file
+into a moraine server, one moraine transaction per DuckLake commit, through the ADBC Flight SQL
+driver: inserts with `adbc_ingest`, retirements and deletes with DuckLake's own statement
+shapes. Nothing else of the catalog is copied.
+
+Command line (needs `duckdb`, `adbc-driver-flightsql` and `pyarrow`; not the DuckLake
+extension, the catalog file is read as a plain DuckDB database):
+
+    python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://127.0.0.1:50051
+    python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://... --watch 5
+    python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://... --dry-run
+
+It prints one line per moraine transaction and exits 0 (1 on an error). DuckDB locks a
+database file for the process that writes it, so the command line reads a catalog no other
+process holds open; inside the process that runs DuckLake, use the library on the attached
+catalog instead:
+
+    import duckdb
+    from ducklake_mirror import DuckLakeCatalog, Mirror  # integration/ on sys.path
+
+    con = duckdb.connect()
+    con.execute("LOAD ducklake")
+    con.execute("ATTACH 'ducklake:lake.ducklake' AS lake (DATA_PATH 'data/')")
+    mirror = Mirror(DuckLakeCatalog.attached(con, "lake"), "grpc://127.0.0.1:50051")
+    ...  # DuckLake commits
+    result = mirror.sync()  # stages what those commits changed; result.commits lists them
+
+Design
+------
+A DuckLake commit never says what it changed; the mirror reconstructs it from the catalog,
+the way DuckLake's own reader finds what is new:
+
+* Cursors. Mapping ids and data-file ids come from one counter, the snapshot's
+  `next_file_id`; the mirror's file cursor is one past the largest id moraine holds, and it
+  reads only the mappings and data files at or above it (`WHERE mapping_id >= cursor`, the form
+  of DuckLake's lazy mapping load). Its snapshot cursor is the largest snapshot moraine's
+  data-file rows mention; data files whose `end_snapshot` is above it are new retirements.
+  Both cursors live in moraine itself, so there is no local state to lose.
+* Commits. A data file belongs to the commit of its `begin_snapshot`; a retirement to the
+  commit of its `end_snapshot`; a mapping to the first snapshot whose `next_file_id` is above
+  its id (where DuckLake drew it), or the first commit of a file that uses it if that is
+  earlier. Each DuckLake commit becomes one moraine transaction, in snapshot order: the
+  mappings (`adbc_ingest` into `ducklake_column_mapping`, then `ducklake_name_mapping`), the
+  data files (`adbc_ingest` into `ducklake_data_file`, with `end_snapshot` NULL as DuckLake
+  wrote them), then the retirements:
+  `UPDATE ducklake_data_file SET end_snapshot = S WHERE end_snapshot IS NULL AND table_id IN (...)`
+  when the commit dropped a table and retires every live file of it (DuckLake's DROP TABLE),
+  else the same with `data_file_id IN (...)`.
+* Removals. Rows DuckLake physically deleted (compaction, `ducklake_expire_snapshots`, newer
+  DuckLake's mapping cleanup) leave no trace but their absence, and expiry writes no snapshot:
+  the mirror compares the ids moraine holds with the ids the catalog holds and stages
+  `DELETE FROM ducklake_data_file WHERE data_file_id IN (...)`, then for tables whose mappings
+  are gone `DELETE FROM ducklake_column_mapping WHERE table_id IN (...)` followed by DuckLake's
+  orphan sweep of `ducklake_name_mapping`. They open the sync's last transaction, or make one
+  of their own when the sync has no other (expiry alone).
+* Idempotence. Every staged row is filtered against what moraine already holds (read in the
+  same moraine transaction, before staging), and each DuckLake commit commits atomically, so
+  moraine always holds a prefix of the catalog's history. Running the mirror again stages
+  nothing; a mirror interrupted between commits resumes at the next one. A commit the server
+  refuses is re-planned from a fresh read (a bounded number of times): if another mirror
+  staged it meanwhile it simply drops out of the plan, a write conflict is retried, and any
+  other refusal of the same commit is raised.
+* Checks. Affected-row counts of every retirement and delete are compared with what the plan
+  expects, and a catalog that changes rows in ways DuckLake never does (a retired file revived,
+  part of a table's mappings deleted) stops the mirror with a `MirrorError` rather than a guess.
+
+Rows travel verbatim: moraine's copies of the three tables equal the catalog's (name-mapping
+rows that lost their mapping are the one exception: moraine stores a mapping's name rows inside
+it, so an orphan the catalog keeps until its sweep is already gone there, and DuckLake's inner
+join sees neither).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import pyarrow as pa
+
+LOG = logging.getLogger("ducklake_mirror")
+
+COLUMN_MAPPING = "ducklake_column_mapping"
+NAME_MAPPING = "ducklake_name_mapping"
+DATA_FILE = "ducklake_data_file"
+
+_I, _S, _B = pa.int64(), pa.utf8(), pa.bool_()
+
+# The three tables exactly as DuckLake declares them (DuckLake spec 0.3).
+COLUMNS: Dict[str, List[Tuple[str, pa.DataType]]] = {
+    COLUMN_MAPPING: [("mapping_id", _I), ("table_id", _I), ("type", _S)],
+    NAME_MAPPING: [
+        ("mapping_id", _I),
+        ("column_id", _I),
+        ("source_name", _S),
+        ("target_field_id", _I),
+        ("parent_column", _I),
+        ("is_partition", _B),
+    ],
+    DATA_FILE: [
+        ("data_file_id", _I),
+        ("table_id", _I),
+        ("begin_snapshot", _I),
+        ("end_snapshot", _I),
+        ("file_order", _I),
+        ("path", _S),
+        ("path_is_relative", _B),
+        ("file_format", _S),
+        ("record_count", _I),
+        ("file_size_bytes", _I),
+        ("footer_size", _I),
+        ("row_id_start", _I),
+        ("partition_id", _I),
+        ("encryption_key", _S),
+        ("partial_file_info", _S),
+        ("mapping_id", _I),
+    ],
+}
+
+# DuckLake's own statement shapes.
+RETIRE_FILES = ("UPDATE ducklake_data_file SET end_snapshot = {snapshot} "
+                "WHERE end_snapshot IS NULL AND data_file_id IN ({ids})")
+RETIRE_TABLES = ("UPDATE ducklake_data_file SET end_snapshot = {snapshot} "
+                 "WHERE end_snapshot IS NULL AND table_id IN ({ids})")
+DELETE_FILES = "DELETE FROM ducklake_data_file WHERE data_file_id IN ({ids})"
+DELETE_MAPPINGS = "DELETE FROM ducklake_column_mapping WHERE table_id IN ({ids})"
+SWEEP_NAMES = ("DELETE FROM ducklake_name_mapping tbl WHERE NOT EXISTS "
+               "(SELECT 1 FROM ducklake_column_mapping m WHERE m.mapping_id = tbl.mapping_id)")
+
+Row = Tuple[Any, ...]
+
+
+def column_names(table: str) -> List[str]:
+    return [name for name, _ in COLUMNS[table]]
+
+
+_END = column_names(DATA_FILE).index("end_snapshot")
+_BEGIN = column_names(DATA_FILE).index("begin_snapshot")
+_FILE_MAPPING = column_names(DATA_FILE).index("mapping_id")
+_FILE_TABLE = column_names(DATA_FILE).index("table_id")
+
+
+class MirrorError(Exception):
+    """The catalog or the server did something the mirror cannot reproduce faithfully."""
+
+
+# --------------------------------------------------------------------------------------------
+# The DuckLake side.
+
+
+@dataclass
+class CatalogRead:
+    """What one read of the DuckLake catalog returns (one read transaction)."""
+
+    snapshots: List[Tuple[int, int]]  # (snapshot_id, next_file_id), ascending
+    mapping_tables: Dict[int, int]  # every mapping_id in the catalog -> its table_id
+    file_ids: Set[int]  # every data_file_id in the catalog
+    mappings: List[Row]  # ducklake_column_mapping rows with mapping_id >= the file cursor
+    names: List[Row]  # their ducklake_name_mapping rows
+    files: List[Row]  # data files with id >= the file cursor or end_snapshot > snapshot cursor
+    dropped_tables: Dict[int, int]  # table_id -> the snapshot that dropped it
+
+
+class DuckLakeCatalog:
+    """Read access to the metadata tables of a DuckLake catalog stored in a DuckDB file.
+
+    `open(path)` reads the file itself (a fresh read-only connection per read, so a
+    long-running mirror sees new commits); `attached(con, name)` reads the catalog that
+    DuckLake attached as `name` in a live DuckDB connection, through a connection of its own
+    to the same database (DuckLake exposes it as `__ducklake_metadata_<name>`)."""
+
+    def __init__(self, *, path: Optional[Path] = None, connection: Any = None,
+                 database: str = "ducklake_meta"):
+        self._path = path
+        self._connection = connection
+        self._db = database
+
+    @classmethod
+    def open(cls, path) -> "DuckLakeCatalog":
+        path = Path(path)
+        if not path.is_file():
+            raise MirrorError(f"no DuckLake catalog file at {path}")
+        return cls(path=path)
+
+    @classmethod
+    def attached(cls, con, name: str) -> "DuckLakeCatalog":
+        return cls(connection=con, database=f"__ducklake_metadata_{name}")
+
+    def _cursor(self):
+        if self._connection is not None:
+            return self._connection.cursor()
+        import duckdb  # only here: the moraine side of the mirror does not need it
+
+        con = duckdb.connect(":memory:")
+        quoted = str(self._path).replace("'", "''")
+        con.execute(f"ATTACH '{quoted}' AS {self._db} (TYPE duckdb, READ_ONLY)")
+        return con
+
+    def read(self, file_cursor: int, snapshot_cursor: int) -> CatalogRead:
+        db = self._db
+        cur = self._cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            q = lambda sql, params=(): cur.execute(sql.format(db=db), list(params)).fetchall()
+            snapshots = [tuple(r) for r in q(
+                "SELECT snapshot_id, next_file_id FROM {db}.ducklake_snapshot ORDER BY snapshot_id")]
+            mapping_tables = {m: t for m, t in q(
+                "SELECT mapping_id, table_id FROM {db}.ducklake_column_mapping "
+                "WHERE mapping_id IS NOT NULL")}
+            file_ids = {r[0] for r in q("SELECT data_file_id FROM {db}.ducklake_data_file")}
+            mappings = [tuple(r) for r in q(
+                "SELECT " + ", ".join(column_names(COLUMN_MAPPING)) +
+                " FROM {db}.ducklake_column_mapping WHERE mapping_id >= ? ORDER BY mapping_id",
+                [file_cursor])]
+            names = [tuple(r) for r in q(
+                "SELECT " + ", ".join(column_names(NAME_MAPPING)) +
+                " FROM {db}.ducklake_name_mapping WHERE mapping_id >= ? "
+                "ORDER BY mapping_id, column_id", [file_cursor])]
+            files = [tuple(r) for r in q(
+                "SELECT " + ", ".join(column_names(DATA_FILE)) +
+                " FROM {db}.ducklake_data_file WHERE data_file_id >= ? OR end_snapshot > ? "
+                "ORDER BY data_file_id", [file_cursor, snapshot_cursor])]
+            dropped = {t: s for t, s in q(
+                "SELECT table_id, end_snapshot FROM {db}.ducklake_table "
+                "WHERE end_snapshot IS NOT NULL")}
+            cur.execute("COMMIT")
+        finally:
+            cur.close()
+        return CatalogRead(snapshots, mapping_tables, file_ids, mappings, names, files, dropped)
+
+
+# --------------------------------------------------------------------------------------------
+# The moraine side.
+
+
+@dataclass
+class MoraineState:
+    """The ids moraine holds: what the plan is filtered against."""
+
+    mappings: Dict[int, int] = field(default_factory=dict)  # mapping_id -> table_id
+    # data_file_id -> (table_id, begin_snapshot, end_snapshot)
+    files: Dict[int, Tuple[Optional[int], Optional[int], Optional[int]]] = field(
+        default_factory=dict)
+
+    @classmethod
+    def read(cls, conn) -> "MoraineState":
+        with conn.cursor() as cur:
+            cur.execute("SELECT mapping_id, table_id FROM ducklake_column_mapping")
+            mappings = {m: t for m, t in cur.fetchall()}
+            cur.execute(
+                "SELECT data_file_id, table_id, begin_snapshot, end_snapshot FROM ducklake_data_file")
+            files = {f: (t, b, e) for f, t, b, e in cur.fetchall()}
+        return cls(mappings, files)
+
+    def file_cursor(self) -> int:
+        """One past the largest mapping or data-file id held (ids share next_file_id)."""
+        ids = [i for i in list(self.mappings) + list(self.files) if i is not None]
+        return max(ids) + 1 if ids else 0
+
+    def snapshot_cursor(self) -> int:
+        """The largest snapshot any held data-file row mentions."""
+        snaps = [s for _, b, e in self.files.values() for s in (b, e) if s is not None]
+        return max(snaps) if snaps else -1
+
+
+@dataclass
+class Retirement:
+    snapshot: int
+    by: str  # "data_file_id" or "table_id"
+    ids: List[int]
+    expected_rows: int
+
+
+@dataclass
+class StagedCommit:
+    """One moraine transaction: one DuckLake commit (`snapshot_id`), or the removals of a sync
+    that has no commit to carry them (`snapshot_id` None)."""
+
+    snapshot_id: Optional[int]
+    delete_files: List[int] = field(default_factory=list)
+    delete_mapping_tables: List[int] = field(default_factory=list)
+    deleted_mappings: int = 0
+    mappings: List[Row] = field(default_factory=list)
+    names: List[Row] = field(default_factory=list)
+    files: List[Row] = field(default_factory=list)
+    retirements: List[Retirement] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.delete_files or self.delete_mapping_tables or self.mappings
+                    or self.names or self.files or self.retirements)
+
+    def describe(self) -> str:
+        head = (f"snapshot {self.snapshot_id}" if self.snapshot_id is not None
+                else "removals")
+        parts = []
+        if self.mappings:
+            parts.append(f"+{len(self.mappings)} mapping(s) ({len(self.names)} name rows)")
+        if self.files:
+            parts.append(f"+{len(self.files)} data file(s)")
+        retired = sum(len(r.ids) if r.by == "data_file_id" else r.expected_rows
+                      for r in self.retirements)
+        if retired:
+            parts.append(f"{retired} data file(s) retired")
+        if self.delete_files:
+            parts.append(f"-{len(self.delete_files)} data file(s)")
+        if self.delete_mapping_tables:
+            parts.append(f"-{self.deleted_mappings} mapping(s) of table(s) "
+                         f"{self.delete_mapping_tables}")
+        return f"{head}: " + ", ".join(parts)
+
+
+def plan(catalog: CatalogRead, state: MoraineState) -> List[StagedCommit]:
+    """The moraine transactions that bring `state` to the catalog, in order."""
+    commits: Dict[int, StagedCommit] = {}
+
+    def commit(snapshot: int) -> StagedCommit:
+        if snapshot not in commits:
+            commits[snapshot] = StagedCommit(snapshot)
+        return commits[snapshot]
+
+    # New data files (begin commit) and retirements (end commit).
+    new_files: List[Row] = []
+    ends: Dict[int, List[Row]] = {}
+    for row in catalog.files:
+        file_id, end = row[0], row[_END]
+        held = state.files.get(file_id)
+        if held is None:
+            if row[_BEGIN] is None:
+                raise MirrorError(f"data file {file_id} has no begin_snapshot")
+            new_files.append(row)
+            if end is not None:
+                ends.setdefault(end, []).append(row)
+        elif held[2] is None and end is not None:
+            ends.setdefault(end, []).append(row)
+        elif held[2] != end:
+            raise MirrorError(
+                f"data file {file_id}: moraine has end_snapshot {held[2]}, the catalog {end}; "
+                "DuckLake never changes a retired file")
+    for row in new_files:
+        commit(row[_BEGIN]).files.append(row[:_END] + (None,) + row[_END + 1:])
+
+    # New mappings: where DuckLake drew the id, or earlier if a file needs it earlier.
+    first_use: Dict[int, int] = {}
+    for row in new_files:
+        m = row[_FILE_MAPPING]
+        if m is not None:
+            first_use[m] = min(first_use.get(m, row[_BEGIN]), row[_BEGIN])
+    names_of: Dict[int, List[Row]] = {}
+    for n in catalog.names:
+        names_of.setdefault(n[0], []).append(n)
+    for m in catalog.mappings:
+        mapping_id = m[0]
+        if mapping_id in state.mappings:
+            continue
+        drawn = next((s for s, nxt in catalog.snapshots
+                      if nxt is not None and nxt > mapping_id), None)
+        candidates = [s for s in (drawn, first_use.get(mapping_id)) if s is not None]
+        if not candidates:
+            raise MirrorError(f"mapping {mapping_id}: no snapshot of the catalog drew its id "
+                              "and no data file uses it")
+        c = commit(min(candidates))
+        c.mappings.append(m)
+        c.names.extend(names_of.get(mapping_id, []))
+
+    # Retirements, with the live files per table as they are when each commit lands.
+    live: Dict[Any, Set[int]] = {}
+    for file_id, (table_id, _, end) in state.files.items():
+        if end is None:
+            live.setdefault(table_id, set()).add(file_id)
+    for snapshot in sorted(set(commits) | set(ends)):
+        c = commit(snapshot)
+        for row in c.files:
+            live.setdefault(row[_FILE_TABLE], set()).add(row[0])
+        if snapshot not in ends:
+            continue
+        by_table: Dict[Any, List[int]] = {}
+        for row in ends[snapshot]:
+            by_table.setdefault(row[_FILE_TABLE], []).append(row[0])
+        per_file: List[int] = []
+        whole_tables: List[int] = []
+        whole_rows = 0
+        for table_id, ids in sorted(by_table.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+            if (table_id is not None and catalog.dropped_tables.get(table_id) == snapshot
+                    and set(ids) == live.get(table_id, set())):
+                whole_tables.append(table_id)
+                whole_rows += len(ids)
+            else:
+                per_file.extend(ids)
+            live[table_id] = live.get(table_id, set()) - set(ids)
+        if whole_tables:
+            c.retirements.append(Retirement(snapshot, "table_id", whole_tables, whole_rows))
+        if per_file:
+            c.retirements.append(Retirement(snapshot, "data_file_id", sorted(per_file),
+                                            len(per_file)))
+
+    # Removals: what moraine holds and the catalog no longer does.
+    gone_files = sorted(f for f in state.files if f not in catalog.file_ids)
+    gone_maps = {m: t for m, t in state.mappings.items() if m not in catalog.mapping_tables}
+    gone_tables = sorted({t for t in gone_maps.values()}, key=lambda t: (t is None, t or 0))
+    for table_id in gone_tables:
+        kept = sorted(m for m, t in catalog.mapping_tables.items() if t == table_id)
+        if table_id is None or kept:
+            raise MirrorError(
+                f"the catalog deleted some mappings of table {table_id} and kept {kept}; "
+                "DuckLake only deletes all mappings of a dropped table")
+    deleted_mappings = sum(1 for t in state.mappings.values() if t in set(gone_tables))
+    out = [commits[s] for s in sorted(commits) if not commits[s].is_empty()]
+    if gone_files or gone_tables:
+        carrier = out[-1] if out else StagedCommit(None)
+        carrier.delete_files = gone_files
+        carrier.delete_mapping_tables = gone_tables
+        carrier.deleted_mappings = deleted_mappings
+        if not out:
+            out.append(carrier)
+    return out
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return ", ".join(str(int(i)) for i in ids)
+
+
+def _arrow(table: str, rows: Sequence[Row]) -> pa.Table:
+    return pa.table({
+        name: pa.array([r[i] for r in rows], type=typ)
+        for i, (name, typ) in enumerate(COLUMNS[table])
+    })
+
+
+def _execute(cur, sql: str, expected: Optional[int]) -> int:
+    cur.execute(sql)  # the server runs DML when the statement executes; rowcount is its count
+    count = cur.rowcount
+    if expected is not None and count is not None and count >= 0 and count != expected:
+        raise MirrorError(f"`{sql}` affected {count} rows, expected {expected}")
+    return count
+
+
+def apply(conn, commit: StagedCommit) -> None:
+    """Stages `commit` in the connection's open transaction and commits it; on any error the
+    transaction is rolled back and the error re-raised."""
+    try:
+        with conn.cursor() as cur:
+            if commit.delete_files:
+                _execute(cur, DELETE_FILES.format(ids=_ids(commit.delete_files)),
+                         len(commit.delete_files))
+            if commit.delete_mapping_tables:
+                _execute(cur, DELETE_MAPPINGS.format(ids=_ids(commit.delete_mapping_tables)),
+                         commit.deleted_mappings)
+                _execute(cur, SWEEP_NAMES, None)
+            if commit.mappings:
+                cur.adbc_ingest(COLUMN_MAPPING, _arrow(COLUMN_MAPPING, commit.mappings),
+                                mode="append")
+            if commit.names:
+                cur.adbc_ingest(NAME_MAPPING, _arrow(NAME_MAPPING, commit.names), mode="append")
+            if commit.files:
+                cur.adbc_ingest(DATA_FILE, _arrow(DATA_FILE, commit.files), mode="append")
+            for r in commit.retirements:
+                shape = RETIRE_TABLES if r.by == "table_id" else RETIRE_FILES
+                _execute(cur, shape.format(snapshot=int(r.snapshot), ids=_ids(r.ids)),
+                         r.expected_rows)
+        conn.commit()
+    except BaseException:
+        try:
+            conn.rollback()
+        except Exception:  # noqa: BLE001 - the original error matters more
+            LOG.debug("rollback after a failed commit failed too", exc_info=True)
+        raise
+
+
+def connect(uri: str, **kwargs):
+    """An ADBC Flight SQL DB-API connection (autocommit off: one server transaction open)."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    with warnings.catch_warnings():
+        # A server without transactions makes the driver warn that autocommit stays on; the
+        # first staged write then fails with the server's own error, which says more.
+        warnings.simplefilter("ignore")
+        return flightsql.connect(uri, **kwargs)
+
+
+def _is_conflict(err: BaseException) -> bool:
+    import adbc_driver_manager.dbapi as dbapi
+
+    return isinstance(err, dbapi.OperationalError) and "conflict" in str(err).lower()
+
+
+@dataclass
+class SyncResult:
+    commits: List[StagedCommit]  # the transactions committed, in order
+    attempts: int
+
+
+class Mirror:
+    """Mirrors one DuckLake catalog into one moraine server; `sync()` as often as wanted."""
+
+    def __init__(self, catalog: DuckLakeCatalog, moraine_uri: str, *, max_attempts: int = 5,
+                 connect_kwargs: Optional[Dict[str, Any]] = None):
+        self.catalog = catalog
+        self.uri = moraine_uri
+        self.max_attempts = max_attempts
+        self.connect_kwargs = dict(connect_kwargs or {})
+
+    def plan(self) -> List[StagedCommit]:
+        """What `sync()` would stage now, without staging it."""
+        conn = connect(self.uri, **self.connect_kwargs)
+        try:
+            state = MoraineState.read(conn)
+            return plan(self.catalog.read(state.file_cursor(), state.snapshot_cursor()), state)
+        finally:
+            conn.close()
+
+    def sync(self) -> SyncResult:
+        """Stages every DuckLake commit moraine does not hold yet, one transaction each.
+
+        Raises `MirrorError` for a catalog it cannot mirror faithfully, the DB-API's errors
+        for what the server refuses. A commit that fails is re-planned from a fresh read of
+        moraine: gone from the plan (another mirror staged it first) it is not an error; a
+        write conflict is retried; any other refusal of the same commit is raised."""
+        done: List[StagedCommit] = []
+        failed: Optional[Tuple[StagedCommit, BaseException]] = None
+        for attempt in range(1, self.max_attempts + 1):
+            conn = connect(self.uri, **self.connect_kwargs)
+            try:
+                state = MoraineState.read(conn)
+                commits = plan(self.catalog.read(state.file_cursor(), state.snapshot_cursor()),
+                               state)
+                if (failed is not None and commits and commits[0] == failed[0]
+                        and not _is_conflict(failed[1])):
+                    raise failed[1]
+                failed = None
+                for c in commits:
+                    try:
+                        apply(conn, c)
+                    except Exception as err:  # noqa: BLE001 - re-planned below
+                        _note(err, f"while staging {c.describe()}")
+                        failed = (c, err)
+                        break
+                    LOG.info("staged %s", c.describe())
+                    done.append(c)
+                else:
+                    return SyncResult(done, attempt)
+            finally:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - nothing is staged on a closed connection
+                    pass
+            LOG.warning("attempt %d: %s; re-planning", attempt, failed[1])
+            time.sleep(min(0.05 * 2 ** attempt, 1.0))
+        assert failed is not None
+        raise failed[1]
+
+
+def _note(err: BaseException, text: str) -> None:
+    if hasattr(err, "add_note"):  # Python 3.11+
+        err.add_note(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line.
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Mirror a DuckLake catalog's mapping and data-file tables into moraine.")
+    parser.add_argument("--catalog", required=True, type=Path,
+                        help="the DuckLake catalog file (a DuckDB database, e.g. lake.ducklake)")
+    parser.add_argument("--moraine", required=True,
+                        help="the moraine server, e.g. grpc://127.0.0.1:50051")
+    parser.add_argument("--watch", type=float, metavar="SECONDS",
+                        help="keep syncing, every SECONDS, until interrupted")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what would be staged, stage nothing")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        mirror = Mirror(DuckLakeCatalog.open(args.catalog), args.moraine)
+        while True:
+            if args.dry_run:
+                for c in mirror.plan():
+                    print(f"would stage {c.describe()}")
+            else:
+                result = mirror.sync()
+                for c in result.commits:
+                    print(f"staged {c.describe()}")
+                if not result.commits and not args.watch:
+                    print("moraine is up to date")
+            if not args.watch or args.dry_run:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+    except Exception as err:  # noqa: BLE001 - a command line reports, it does not trace
+        notes = "".join(f" ({n})" for n in getattr(err, "__notes__", []))
+        print(f"error: {err}{notes}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,494 @@
+//! Write statements (`INSERT`, `DELETE`, `UPDATE`) turned into staged changes.
+//!
+//! A statement's rows are found by running a query derived from it through DataFusion,
+//! against the view it writes to (the latest state, or a transaction's view of its own staged
+//! changes): `DELETE FROM t WHERE p` reads the keys `SELECT key FROM t WHERE p` returns, and
+//! deletes exactly those; `UPDATE ducklake_data_file SET end_snapshot = e WHERE p` reads the
+//! matching files with the value of `e`; `INSERT INTO t [(cols)] <query>` runs the query.
+//! Filters on `table_id`, `mapping_id` and `data_file_id` reach the scans as key ranges, as for
+//! any query. The changes are then staged and validated like any other.
+
+use datafusion::arrow::array::AsArray as _;
+use datafusion::arrow::datatypes::{Field, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::ScalarValue;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{
+    AssignmentTarget, Delete, Expr, FromTable, Insert, ObjectName, Statement, TableFactor,
+    TableObject, TableWithJoins, Update as SqlUpdate,
+};
+use futures::TryStreamExt as _;
+use std::sync::Arc;
+
+use super::{QueryEngine, from_datafusion, rewrite};
+use crate::catalog::CatalogSnapshot;
+use crate::error::{Error, Result};
+use crate::model::{CatalogTable, DataFileId, MappingId};
+use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
+use crate::write::{Delete as DeleteOp, EndTarget, Op, Update};
+
+/// A write statement, parsed and checked, ready to find its rows.
+#[derive(Debug, Clone)]
+pub struct WriteStatement {
+    table: CatalogTable,
+    action: Action,
+    /// The query that finds the statement's rows (placeholders numbered as in the statement).
+    query: String,
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Delete,
+    /// `SET end_snapshot = <value>`: the query returns `data_file_id, end_snapshot, value`.
+    EndDataFiles,
+    /// Refused when staged, with this change's violation.
+    Refused(Op),
+    /// The query returns the rows; the named columns, or all of the table's, in order.
+    Insert {
+        columns: Vec<String>,
+    },
+}
+
+fn invalid(reason: String) -> Error {
+    Error::Query {
+        kind: crate::error::QueryErrorKind::Invalid,
+        message: reason,
+    }
+}
+
+fn unsupported(what: String) -> Error {
+    Error::Unsupported { what }
+}
+
+/// The catalog table an object name refers to: `t`, `main.t` or `moraine.main.t`.
+fn table_of(name: &ObjectName) -> Result<CatalogTable> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .filter_map(|part| part.as_ident().map(|i| i.value.clone()))
+        .collect();
+    let table = match parts.as_slice() {
+        [table] => Some(table),
+        [schema, table] if schema.eq_ignore_ascii_case(super::SCHEMA_NAME) => Some(table),
+        [catalog, schema, table]
+            if catalog.eq_ignore_ascii_case(super::CATALOG_NAME)
+                && schema.eq_ignore_ascii_case(super::SCHEMA_NAME) =>
+        {
+            Some(table)
+        }
+        _ => None,
+    };
+    table
+        .and_then(|t| CatalogTable::from_name(t))
+        .ok_or_else(|| Error::NotFound {
+            what: format!("table {name}"),
+        })
+}
+
+/// The one plain table a statement writes: its catalog table, the text to read it by in the
+/// derived query (with its alias) and the name to qualify its columns with.
+fn target(from: &[TableWithJoins]) -> Result<(CatalogTable, String, String)> {
+    let [from] = from else {
+        return Err(unsupported(
+            "a write statement over more than one table is not supported".into(),
+        ));
+    };
+    if !from.joins.is_empty() {
+        return Err(unsupported(
+            "a write statement with a JOIN is not supported".into(),
+        ));
+    }
+    let TableFactor::Table { name, alias, .. } = &from.relation else {
+        return Err(unsupported(format!(
+            "writing to {} is not supported",
+            from.relation
+        )));
+    };
+    let table = table_of(name)?;
+    let qualifier = alias
+        .as_ref()
+        .map_or_else(|| table.name().to_owned(), |a| a.name.to_string());
+    let relation = match alias {
+        Some(alias) => format!("{} AS {}", table.name(), alias.name),
+        None => table.name().to_owned(),
+    };
+    Ok((table, relation, qualifier))
+}
+
+fn where_clause(selection: Option<&Expr>) -> String {
+    selection.map(|e| format!(" WHERE {e}")).unwrap_or_default()
+}
+
+fn parse_delete(delete: &Delete) -> Result<WriteStatement> {
+    if !delete.tables.is_empty()
+        || delete.using.is_some()
+        || delete.returning.is_some()
+        || delete.output.is_some()
+        || !delete.order_by.is_empty()
+        || delete.limit.is_some()
+    {
+        return Err(unsupported(
+            "DELETE supports FROM <table> [WHERE ...] only (no USING, RETURNING, ORDER BY or LIMIT)"
+                .into(),
+        ));
+    }
+    let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &delete.from;
+    let (table, relation, q) = target(from)?;
+    let selection = where_clause(delete.selection.as_ref());
+    let query = match table {
+        CatalogTable::DataFile => format!("SELECT {q}.data_file_id FROM {relation}{selection}"),
+        CatalogTable::ColumnMapping => format!("SELECT {q}.mapping_id FROM {relation}{selection}"),
+        CatalogTable::NameMapping => {
+            format!("SELECT DISTINCT {q}.mapping_id FROM {relation}{selection}")
+        }
+    };
+    Ok(WriteStatement {
+        table,
+        action: Action::Delete,
+        query,
+    })
+}
+
+fn parse_update(update: &SqlUpdate) -> Result<WriteStatement> {
+    if update.from.is_some()
+        || update.returning.is_some()
+        || update.output.is_some()
+        || update.or.is_some()
+        || !update.order_by.is_empty()
+        || update.limit.is_some()
+    {
+        return Err(unsupported(
+            "UPDATE supports <table> SET ... [WHERE ...] only (no FROM, RETURNING, ORDER BY or LIMIT)"
+                .into(),
+        ));
+    }
+    let (table, relation, q) = target(std::slice::from_ref(&update.table))?;
+    let selection = where_clause(update.selection.as_ref());
+    let refused = |op| WriteStatement {
+        table,
+        action: Action::Refused(op),
+        query: String::new(),
+    };
+    if table != CatalogTable::DataFile {
+        return Ok(refused(Op::Update(Update::MappingTable(table))));
+    }
+    let value = match update.assignments.as_slice() {
+        [assignment] => match &assignment.target {
+            AssignmentTarget::ColumnName(column)
+                if column
+                    .0
+                    .last()
+                    .and_then(|p| p.as_ident())
+                    .is_some_and(|i| i.value.eq_ignore_ascii_case("end_snapshot")) =>
+            {
+                Some(&assignment.value)
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(value) = value else {
+        let description = update
+            .assignments
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Ok(refused(Op::Update(Update::OtherDataFileUpdate {
+            description: format!("SET {description}"),
+        })));
+    };
+    Ok(WriteStatement {
+        table,
+        action: Action::EndDataFiles,
+        query: format!(
+            "SELECT {q}.data_file_id, {q}.end_snapshot, CAST({value} AS BIGINT) FROM {relation}{selection}"
+        ),
+    })
+}
+
+fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
+    let TableObject::TableName(name) = &insert.table else {
+        return Err(unsupported(
+            "INSERT INTO a table function is not supported".into(),
+        ));
+    };
+    let table = table_of(name)?;
+    if insert.overwrite
+        || insert.on.is_some()
+        || insert.returning.is_some()
+        || insert.output.is_some()
+        || insert.or.is_some()
+        || insert.ignore
+        || insert.replace_into
+        || insert.partitioned.is_some()
+        || !insert.assignments.is_empty()
+    {
+        return Err(unsupported(format!(
+            "INSERT into {table} supports [(columns)] VALUES ... or SELECT ... only"
+        )));
+    }
+    let Some(source) = &insert.source else {
+        return Err(invalid(format!("INSERT into {table} has no rows")));
+    };
+    let columns: Vec<String> = if insert.columns.is_empty() {
+        RowShape::Table(table)
+            .column_names()
+            .map(str::to_owned)
+            .collect()
+    } else {
+        insert
+            .columns
+            .iter()
+            .map(|c| {
+                c.0.last()
+                    .and_then(|p| p.as_ident())
+                    .map_or_else(|| c.to_string(), |i| i.value.clone())
+            })
+            .collect()
+    };
+    Ok(WriteStatement {
+        table,
+        action: Action::Insert { columns },
+        query: source.to_string(),
+    })
+}
+
+impl QueryEngine {
+    /// The write statement `sql` is, or `None` for anything else (a query, or SQL that does
+    /// not parse: the read path reports that).
+    ///
+    /// # Errors
+    /// For a write statement of a shape not supported, or to an unknown table.
+    pub fn write_statement(&self, sql: &str) -> Result<Option<WriteStatement>> {
+        let dialect = self.base.config().options().sql_parser.dialect;
+        let Ok(statement) = self.base.sql_to_statement(sql, &dialect) else {
+            return Ok(None);
+        };
+        let DfStatement::Statement(mut statement) = statement else {
+            return Ok(None);
+        };
+        rewrite::normalize(&mut statement);
+        match statement.as_ref() {
+            Statement::Delete(delete) => parse_delete(delete).map(Some),
+            Statement::Update(update) => parse_update(update).map(Some),
+            Statement::Insert(insert) => parse_insert(insert).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The parameters of a write statement, as Flight SQL names them.
+    ///
+    /// # Errors
+    /// When the derived query does not plan.
+    pub async fn write_parameters(&self, write: &WriteStatement) -> Result<SchemaRef> {
+        if write.query.is_empty() {
+            return Ok(Arc::new(Schema::empty()));
+        }
+        Ok(self.shape(&write.query).await?.parameters)
+    }
+
+    /// The changes `write` makes to `view` with `params` bound. Empty when it matches nothing.
+    ///
+    /// # Errors
+    /// [`Error::Query`] when the derived query fails; [`Error::InvalidRequest`] for inserted
+    /// values that do not fit the table.
+    pub async fn write_ops(
+        &self,
+        view: &CatalogSnapshot,
+        write: &WriteStatement,
+        params: Vec<ScalarValue>,
+    ) -> Result<Vec<Op>> {
+        if let Action::Refused(op) = &write.action {
+            return Ok(vec![op.clone()]);
+        }
+        let mut stream = self.execute_at(view, &write.query, params).await?;
+        match &write.action {
+            Action::Refused(_) => Ok(Vec::new()),
+            Action::Delete => {
+                let mut ids = Vec::new();
+                while let Some(batch) = stream.try_next().await.map_err(from_datafusion)? {
+                    ids.extend(int_column(&batch, 0).into_iter().flatten());
+                }
+                if ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let op = match write.table {
+                    CatalogTable::DataFile => {
+                        DeleteOp::DataFiles(ids.into_iter().map(DataFileId).collect())
+                    }
+                    CatalogTable::ColumnMapping => {
+                        DeleteOp::ColumnMappings(ids.into_iter().map(MappingId).collect())
+                    }
+                    CatalogTable::NameMapping => {
+                        DeleteOp::NameMappings(ids.into_iter().map(MappingId).collect())
+                    }
+                };
+                Ok(vec![Op::Delete(op)])
+            }
+            Action::EndDataFiles => {
+                let mut ids = Vec::new();
+                let mut end = None;
+                while let Some(batch) = stream.try_next().await.map_err(from_datafusion)? {
+                    let current = int_column(&batch, 1);
+                    let values = int_column(&batch, 2);
+                    for ((id, current), value) in
+                        int_column(&batch, 0).into_iter().zip(current).zip(values)
+                    {
+                        let Some(id) = id else { continue };
+                        if let Some(current) = current {
+                            return Ok(vec![other_update(format!(
+                                "data file {id} already ended at snapshot {current}; end_snapshot only changes from NULL (add AND end_snapshot IS NULL)"
+                            ))]);
+                        }
+                        let Some(value) = value else {
+                            return Ok(vec![other_update(format!(
+                                "end_snapshot of data file {id} would be NULL"
+                            ))]);
+                        };
+                        if end.is_some_and(|e| e != value) {
+                            return Ok(vec![other_update(
+                                "the new end_snapshot differs between files".into(),
+                            )]);
+                        }
+                        end = Some(value);
+                        ids.push(DataFileId(id));
+                    }
+                }
+                let Some(end_snapshot) = end else {
+                    return Ok(Vec::new());
+                };
+                Ok(vec![Op::Update(Update::EndDataFiles {
+                    end_snapshot,
+                    target: EndTarget::DataFiles(ids),
+                })])
+            }
+            Action::Insert { columns } => {
+                let mut decoder: Option<RowDecoder> = None;
+                while let Some(batch) = stream.try_next().await.map_err(from_datafusion)? {
+                    let batch = renamed(&batch, columns, write.table)?;
+                    let decoder = match &mut decoder {
+                        Some(decoder) => decoder,
+                        None => decoder.insert(RowDecoder::new(
+                            RowShape::Table(write.table),
+                            &batch.schema(),
+                            MissingColumns::Null,
+                        )?),
+                    };
+                    decoder.push(&batch)?;
+                }
+                Ok(decoder.map(RowDecoder::into_ops).unwrap_or_default())
+            }
+        }
+    }
+}
+
+fn other_update(description: String) -> Op {
+    Op::Update(Update::OtherDataFileUpdate { description })
+}
+
+fn int_column(batch: &RecordBatch, column: usize) -> Vec<Option<i64>> {
+    batch
+        .columns()
+        .get(column)
+        .and_then(|a| a.as_primitive_opt::<Int64Type>())
+        .map_or_else(|| vec![None; batch.num_rows()], |a| a.iter().collect())
+}
+
+/// The batch's columns named, in order, as the INSERT's target columns.
+fn renamed(batch: &RecordBatch, columns: &[String], table: CatalogTable) -> Result<RecordBatch> {
+    if batch.num_columns() != columns.len() {
+        return Err(invalid(format!(
+            "INSERT into {table} gives {} values per row for {} columns ({})",
+            batch.num_columns(),
+            columns.len(),
+            columns.join(", ")
+        )));
+    }
+    let fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(columns)
+        .map(|(field, name)| Field::new(name, field.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), batch.columns().to_vec())
+        .map_err(|err| invalid(format!("INSERT into {table}: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::Catalog;
+    use crate::codec::{KeyPrefix, Keyspace};
+    use crate::kv::Store;
+
+    fn engine() -> QueryEngine {
+        QueryEngine::new(Catalog::new(
+            Store::memory(),
+            Keyspace::new(KeyPrefix::none()),
+        ))
+    }
+
+    #[test]
+    fn reads_ducklake_write_shapes_and_ignores_queries() {
+        let engine = engine();
+        let w = |sql: &str| {
+            engine
+                .write_statement(sql)
+                .expect("parses")
+                .expect("a write")
+        };
+        let d = w("DELETE FROM ducklake_data_file WHERE data_file_id IN (1, 2)");
+        assert_eq!(d.table, CatalogTable::DataFile);
+        assert!(
+            d.query.contains("SELECT ducklake_data_file.data_file_id"),
+            "{}",
+            d.query
+        );
+        let sweep = w(
+            "DELETE FROM ducklake_name_mapping tbl WHERE NOT EXISTS (SELECT 1 FROM ducklake_column_mapping m WHERE m.mapping_id = tbl.mapping_id)",
+        );
+        assert!(
+            sweep.query.starts_with(
+                "SELECT DISTINCT tbl.mapping_id FROM ducklake_name_mapping AS tbl WHERE NOT EXISTS"
+            ),
+            "{}",
+            sweep.query
+        );
+        let end = w(
+            "UPDATE ducklake_data_file SET end_snapshot = ? WHERE end_snapshot IS NULL AND table_id IN (?)",
+        );
+        assert!(matches!(end.action, Action::EndDataFiles));
+        assert!(
+            end.query.contains("CAST($1 AS BIGINT)") && end.query.contains("IN ($2)"),
+            "{}",
+            end.query
+        );
+        let immutable = w("UPDATE ducklake_name_mapping SET source_name = 'x'");
+        assert!(matches!(
+            immutable.action,
+            Action::Refused(Op::Update(Update::MappingTable(CatalogTable::NameMapping)))
+        ));
+        let path = w("UPDATE ducklake_data_file SET path = 'x' WHERE data_file_id = 1");
+        assert!(matches!(
+            path.action,
+            Action::Refused(Op::Update(Update::OtherDataFileUpdate { .. }))
+        ));
+        let insert =
+            w("INSERT INTO main.ducklake_column_mapping (table_id, mapping_id) VALUES (1, 2)");
+        assert!(
+            matches!(&insert.action, Action::Insert { columns } if columns == &["table_id", "mapping_id"])
+        );
+        assert!(
+            engine
+                .write_statement("SELECT 1")
+                .expect("parses")
+                .is_none()
+        );
+        assert!(matches!(
+            engine.write_statement("DELETE FROM nowhere"),
+            Err(Error::NotFound { .. })
+        ));
+    }
+}

@@ -1,0 +1,646 @@
+//! Transactions: a staged batch per transaction, evaluated as each change is staged and
+//! committed atomically at the end; sessions that bind untagged requests to their open
+//! transaction; expiry of abandoned ones.
+//!
+//! - Nothing is written before the commit. A transaction's reads see the snapshot it started
+//!   from with its own staged changes laid over it ([`Transactions::view`]).
+//! - The storage snapshot is taken lazily, at the first staged change: an open but idle
+//!   transaction (ADBC opens one on every connect) pins nothing.
+//! - Each change is evaluated when it is staged, so a statement that breaks a constraint no
+//!   later change can mend is refused at once and leaves the transaction as it was. What a
+//!   later change may still mend (a mapping whose name rows come in the next ingest) is
+//!   checked again at the commit.
+//! - The commit applies the evaluated plan against the snapshot the transaction read, with
+//!   insert-if-absent for every created key, so two transactions creating the same mapping
+//!   cannot both commit: the second gets a conflict.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use crate::catalog::{Catalog, CatalogSnapshot};
+use crate::error::{Error, Result};
+use crate::write::{CommitReport, Evaluation, Op, StagedBatch, ValidationError, evaluate};
+
+/// Limits and timeouts of transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnConfig {
+    /// A transaction unused for this long is rolled back.
+    pub idle_timeout: Duration,
+    /// Most rows one transaction may stage.
+    pub max_rows: u64,
+    /// Most bytes (estimated) one transaction may stage.
+    pub max_bytes: u64,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_mins(5),
+            max_rows: 2_000_000,
+            max_bytes: 512 << 20,
+        }
+    }
+}
+
+/// A transaction id: 128 random bits, hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TxnId(String);
+
+impl TxnId {
+    /// The id a client sent, as bytes.
+    #[must_use]
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        Self(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    /// The id as the client sees it.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Display for TxnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// 128 random bits as hex: transaction ids and session tokens.
+#[must_use]
+pub fn random_token() -> String {
+    let mut bytes = [0_u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No OS randomness: fall back to the clock and a counter, unique if not secret.
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        bytes = (nanos ^ (u128::from(count) << 64)).to_le_bytes();
+    }
+    bytes.iter().fold(String::with_capacity(32), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
+}
+
+/// How a transaction ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Committed,
+    RolledBack,
+    /// Its commit was refused (validation, conflict): nothing was written.
+    Failed,
+    Expired,
+}
+
+struct Ended {
+    how: Ending,
+    at: Instant,
+}
+
+/// Ended transactions are remembered this long, to answer late calls precisely.
+const REMEMBER_ENDED: Duration = Duration::from_hours(1);
+/// At most this many ended transactions are remembered.
+const MAX_REMEMBERED: usize = 100_000;
+
+struct Open {
+    txn: Arc<tokio::sync::Mutex<Txn>>,
+    last_used: Instant,
+    session: Option<String>,
+}
+
+#[derive(Default)]
+struct Registry {
+    open: HashMap<TxnId, Open>,
+    ended: HashMap<TxnId, Ended>,
+    /// Session token → its open transaction.
+    sessions: HashMap<String, TxnId>,
+}
+
+impl Registry {
+    fn end(&mut self, id: &TxnId, how: Ending, now: Instant) -> Option<Open> {
+        let open = self.open.remove(id)?;
+        if let Some(session) = &open.session
+            && self.sessions.get(session) == Some(id)
+        {
+            self.sessions.remove(session);
+        }
+        if self.ended.len() >= MAX_REMEMBERED {
+            self.ended
+                .retain(|_, e| now.duration_since(e.at) < REMEMBER_ENDED);
+            if self.ended.len() >= MAX_REMEMBERED {
+                self.ended.clear();
+            }
+        }
+        self.ended.insert(id.clone(), Ended { how, at: now });
+        Some(open)
+    }
+
+    /// Ends every transaction idle past `timeout` that no call is using.
+    fn expire(&mut self, timeout: Duration, now: Instant) -> usize {
+        let idle: Vec<TxnId> = self
+            .open
+            .iter()
+            .filter(|(_, open)| {
+                now.duration_since(open.last_used) >= timeout && open.txn.try_lock().is_ok()
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &idle {
+            if let Some(open) = self.end(id, Ending::Expired, now)
+                && let Ok(mut txn) = open.txn.try_lock()
+            {
+                txn.discard();
+            }
+        }
+        idle.len()
+    }
+}
+
+/// One open transaction's state.
+struct Txn {
+    staged: StagedBatch,
+    /// The snapshot the transaction reads, taken at its first staged change.
+    base: Option<CatalogSnapshot>,
+    /// The staged batch evaluated against `base`, kept current with every change.
+    evaluation: Option<Evaluation>,
+    /// `base` with the evaluation's writes laid over it, built on the first read after a change.
+    view: Option<CatalogSnapshot>,
+    rows: u64,
+    bytes: u64,
+    /// Set once committed, rolled back or expired: a call that was waiting on the lock must
+    /// not use it.
+    done: bool,
+}
+
+impl Txn {
+    fn discard(&mut self) {
+        self.done = true;
+        self.staged = StagedBatch::new();
+        self.base = None;
+        self.evaluation = None;
+        self.view = None;
+    }
+}
+
+/// The transactions of one server.
+pub struct Transactions {
+    catalog: Catalog,
+    config: TxnConfig,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transactions")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Transactions {
+    /// No transactions yet, over `catalog`.
+    #[must_use]
+    pub fn new(catalog: Catalog, config: TxnConfig) -> Self {
+        Self {
+            catalog,
+            config,
+            registry: Arc::new(Mutex::new(Registry::default())),
+        }
+    }
+
+    /// The limits and timeouts in force.
+    #[must_use]
+    pub fn config(&self) -> TxnConfig {
+        self.config
+    }
+
+    /// The catalog written.
+    #[must_use]
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts expiring idle transactions in the background, until the transactions are
+    /// dropped. Expiry also happens on every lookup; this releases abandoned ones promptly.
+    pub fn spawn_reaper(&self) {
+        let registry: Weak<Mutex<Registry>> = Arc::downgrade(&self.registry);
+        let timeout = self.config.idle_timeout;
+        let period = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(period);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let Some(registry) = registry.upgrade() else {
+                    return;
+                };
+                let expired = registry
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .expire(timeout, Instant::now());
+                if expired > 0 {
+                    tracing::info!(expired, "rolled back idle transactions");
+                }
+            }
+        });
+    }
+
+    /// Opens a transaction, bound to `session` if given: that session's untagged requests
+    /// join it until it ends.
+    #[must_use]
+    pub fn begin(&self, session: Option<&str>) -> TxnId {
+        let id = TxnId(random_token());
+        let now = Instant::now();
+        let mut registry = self.registry();
+        registry.expire(self.config.idle_timeout, now);
+        registry.open.insert(
+            id.clone(),
+            Open {
+                txn: Arc::new(tokio::sync::Mutex::new(Txn {
+                    staged: StagedBatch::new(),
+                    base: None,
+                    evaluation: None,
+                    view: None,
+                    rows: 0,
+                    bytes: 0,
+                    done: false,
+                })),
+                last_used: now,
+                session: session.map(str::to_owned),
+            },
+        );
+        if let Some(session) = session {
+            registry.sessions.insert(session.to_owned(), id.clone());
+        }
+        id
+    }
+
+    /// The open transaction of `session`, if any.
+    #[must_use]
+    pub fn of_session(&self, session: &str) -> Option<TxnId> {
+        let mut registry = self.registry();
+        registry.expire(self.config.idle_timeout, Instant::now());
+        registry.sessions.get(session).cloned()
+    }
+
+    /// Whether `id` is open.
+    #[must_use]
+    pub fn is_open(&self, id: &TxnId) -> bool {
+        let mut registry = self.registry();
+        registry.expire(self.config.idle_timeout, Instant::now());
+        registry.open.contains_key(id)
+    }
+
+    /// Rolls back the open transaction of `session`, which has gone away.
+    pub fn close_session(&self, session: &str) {
+        let now = Instant::now();
+        let mut registry = self.registry();
+        if let Some(id) = registry.sessions.remove(session)
+            && let Some(open) = registry.end(&id, Ending::RolledBack, now)
+            && let Ok(mut txn) = open.txn.try_lock()
+        {
+            txn.discard();
+        }
+    }
+
+    /// The open transaction `id`, marked used.
+    fn open(&self, id: &TxnId) -> Result<Arc<tokio::sync::Mutex<Txn>>> {
+        let now = Instant::now();
+        let mut registry = self.registry();
+        registry.expire(self.config.idle_timeout, now);
+        if let Some(open) = registry.open.get_mut(id) {
+            open.last_used = now;
+            return Ok(Arc::clone(&open.txn));
+        }
+        Err(self.not_open(id, registry.ended.get(id).map(|e| e.how)))
+    }
+
+    fn touch(&self, id: &TxnId) {
+        if let Some(open) = self.registry().open.get_mut(id) {
+            open.last_used = Instant::now();
+        }
+    }
+
+    fn not_open(&self, id: &TxnId, how: Option<Ending>) -> Error {
+        let state = match how {
+            Some(Ending::Committed) => "was already committed".to_owned(),
+            Some(Ending::RolledBack) => "was rolled back".to_owned(),
+            Some(Ending::Failed) => {
+                "ended when its commit was refused; nothing of it was written".to_owned()
+            }
+            Some(Ending::Expired) => format!(
+                "expired after {} s idle and was rolled back; nothing of it was written",
+                self.config.idle_timeout.as_secs()
+            ),
+            None => "is not open on this server (never begun here, or ended long ago)".to_owned(),
+        };
+        Error::TransactionNotOpen {
+            id: id.to_string(),
+            state,
+        }
+    }
+
+    /// Stages `ops` (one request's changes) in transaction `id`, all or none, and returns the
+    /// rows they affect in the transaction's view.
+    ///
+    /// # Errors
+    /// [`Error::TransactionNotOpen`]; [`Error::LimitExceeded`] past the staging limits;
+    /// [`Error::Validation`] when the change breaks a constraint no later change can mend.
+    /// After an error the transaction is as it was.
+    pub async fn stage(&self, id: &TxnId, ops: Vec<Op>) -> Result<u64> {
+        let handle = self.open(id)?;
+        let mut txn = handle.lock().await;
+        if txn.done {
+            return Err(self.not_open(id, None));
+        }
+        let result = self.stage_locked(&mut txn, ops).await;
+        drop(txn);
+        self.touch(id);
+        result
+    }
+
+    async fn stage_locked(&self, txn: &mut Txn, ops: Vec<Op>) -> Result<u64> {
+        let (rows, bytes) = ops
+            .iter()
+            .map(Op::staged_size)
+            .fold((0, 0), |(r, b), (or, ob)| (r + or, b + ob));
+        let count = ops.len();
+        if txn.rows + rows > self.config.max_rows {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "transaction would stage {} rows, over its limit of {} (serve --txn-max-rows); nothing of this request was staged",
+                    txn.rows + rows,
+                    self.config.max_rows
+                ),
+            });
+        }
+        if txn.bytes + bytes > self.config.max_bytes {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "transaction would stage about {} bytes, over its limit of {} (serve --txn-max-bytes); nothing of this request was staged",
+                    txn.bytes + bytes,
+                    self.config.max_bytes
+                ),
+            });
+        }
+        let base = if let Some(base) = &txn.base {
+            base.clone()
+        } else {
+            let base = self.catalog.snapshot().await?;
+            txn.base = Some(base.clone());
+            base
+        };
+        for op in ops {
+            txn.staged.push(op);
+        }
+        let unstage = |txn: &mut Txn| {
+            for _ in 0..count {
+                txn.staged.pop();
+            }
+        };
+        let evaluation = match evaluate(&base, &txn.staged).await {
+            Ok(evaluation) => evaluation,
+            Err(err) => {
+                unstage(txn);
+                return Err(err);
+            }
+        };
+        let refused: Vec<_> = evaluation
+            .violations
+            .iter()
+            .filter(|v| !v.is_pending())
+            .cloned()
+            .collect();
+        if !refused.is_empty() {
+            unstage(txn);
+            return Err(Error::Validation(ValidationError {
+                violations: refused,
+            }));
+        }
+        let affected = evaluation.plan.affected.iter().rev().take(count).sum();
+        txn.rows += rows;
+        txn.bytes += bytes;
+        txn.evaluation = Some(evaluation);
+        txn.view = None;
+        Ok(affected)
+    }
+
+    /// What transaction `id` reads: its base snapshot with its staged changes, or a fresh
+    /// snapshot while it has staged nothing.
+    ///
+    /// # Errors
+    /// [`Error::TransactionNotOpen`]; store errors taking a snapshot.
+    pub async fn view(&self, id: &TxnId) -> Result<CatalogSnapshot> {
+        let handle = self.open(id)?;
+        let mut txn = handle.lock().await;
+        if txn.done {
+            return Err(self.not_open(id, None));
+        }
+        if let Some(view) = &txn.view {
+            return Ok(view.clone());
+        }
+        let view = match (&txn.base, &txn.evaluation) {
+            (Some(base), Some(evaluation)) => base.overlaid(&evaluation.plan.writes),
+            _ => return self.catalog.snapshot().await,
+        };
+        txn.view = Some(view.clone());
+        Ok(view)
+    }
+
+    /// Commits transaction `id`: all of its staged changes atomically, or nothing.
+    ///
+    /// # Errors
+    /// [`Error::TransactionNotOpen`]; [`Error::Validation`] with every remaining violation;
+    /// [`Error::CommitConflict`] when a concurrent commit changed what it relied on;
+    /// [`Error::CommitUnknown`]. The transaction has ended either way.
+    pub async fn commit(&self, id: &TxnId) -> Result<CommitReport> {
+        let handle = {
+            let now = Instant::now();
+            let mut registry = self.registry();
+            registry.expire(self.config.idle_timeout, now);
+            let ended = registry.ended.get(id).map(|e| e.how);
+            // Ended as committed until the outcome says otherwise; no call can join it now.
+            match registry.end(id, Ending::Committed, now) {
+                Some(open) => open.txn,
+                None => return Err(self.not_open(id, ended)),
+            }
+        };
+        let mut txn = handle.lock().await;
+        let outcome = self.commit_locked(&mut txn).await;
+        txn.discard();
+        if outcome.is_err()
+            && let Some(ended) = self.registry().ended.get_mut(id)
+        {
+            ended.how = Ending::Failed;
+        }
+        outcome
+    }
+
+    async fn commit_locked(&self, txn: &mut Txn) -> Result<CommitReport> {
+        let (Some(_), Some(evaluation)) = (txn.base.take(), txn.evaluation.take()) else {
+            return Ok(CommitReport {
+                affected: Vec::new(),
+                summary: crate::write::plan::PlanSummary::default(),
+            });
+        };
+        let plan = evaluation.into_plan()?;
+        crate::write::commit::apply(&self.catalog, plan).await
+    }
+
+    /// Rolls back transaction `id`. Rolling back a transaction that already rolled back, or
+    /// whose commit was refused, succeeds: nothing of it is stored either way.
+    ///
+    /// # Errors
+    /// [`Error::TransactionNotOpen`] for a committed, expired or unknown transaction.
+    pub fn rollback(&self, id: &TxnId) -> Result<()> {
+        let now = Instant::now();
+        let mut registry = self.registry();
+        registry.expire(self.config.idle_timeout, now);
+        let ended = registry.ended.get(id).map(|e| e.how);
+        match registry.end(id, Ending::RolledBack, now) {
+            Some(open) => {
+                if let Ok(mut txn) = open.txn.try_lock() {
+                    txn.discard();
+                }
+                Ok(())
+            }
+            None if matches!(ended, Some(Ending::RolledBack | Ending::Failed)) => Ok(()),
+            None => Err(self.not_open(id, ended)),
+        }
+    }
+
+    /// Runs `ops` as a transaction of their own: validated against `base` (the snapshot the
+    /// statement read, or a fresh one) and committed at once.
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit).
+    pub async fn autocommit(
+        &self,
+        ops: Vec<Op>,
+        base: Option<CatalogSnapshot>,
+    ) -> Result<CommitReport> {
+        let mut batch = StagedBatch::new();
+        for op in ops {
+            batch.push(op);
+        }
+        let base = match base {
+            Some(base) => base,
+            None => self.catalog.snapshot().await?,
+        };
+        let plan = evaluate(&base, &batch).await?.into_plan()?;
+        crate::write::commit::apply(&self.catalog, plan).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{KeyPrefix, Keyspace};
+    use crate::kv::Store;
+    use crate::model::{ColumnMappingRow, NameMappingRow};
+    use crate::write::Insert;
+
+    fn transactions(config: TxnConfig) -> Transactions {
+        Transactions::new(
+            Catalog::new(Store::memory(), Keyspace::new(KeyPrefix::none())),
+            config,
+        )
+    }
+
+    fn mapping(id: i64) -> Vec<Op> {
+        vec![
+            Op::Insert(Insert::ColumnMappings(vec![ColumnMappingRow {
+                mapping_id: Some(id),
+                table_id: Some(1),
+                map_type: Some("map_by_name".into()),
+            }])),
+            Op::Insert(Insert::NameMappings(vec![NameMappingRow {
+                mapping_id: Some(id),
+                column_id: Some(0),
+                source_name: Some("id".into()),
+                target_field_id: Some(1),
+                parent_column: None,
+                is_partition: Some(false),
+            }])),
+        ]
+    }
+
+    #[tokio::test]
+    async fn an_idle_transaction_pins_nothing_and_expires() {
+        let txns = transactions(TxnConfig {
+            idle_timeout: Duration::from_millis(30),
+            ..TxnConfig::default()
+        });
+        let id = txns.begin(Some("s"));
+        assert_eq!(txns.of_session("s"), Some(id.clone()));
+        std::thread::sleep(Duration::from_millis(60));
+        let err = txns
+            .stage(&id, vec![mapping(1).remove(0)])
+            .await
+            .expect_err("expired");
+        assert!(
+            matches!(&err, Error::TransactionNotOpen { state, .. } if state.contains("expired")),
+            "{err}"
+        );
+        assert_eq!(txns.of_session("s"), None);
+    }
+
+    #[tokio::test]
+    async fn a_pending_violation_waits_for_the_commit_and_a_final_one_is_refused_at_once() {
+        let txns = transactions(TxnConfig::default());
+        let id = txns.begin(None);
+        let mut ops = mapping(4);
+        // The mapping before its name rows: pending, accepted.
+        assert_eq!(
+            txns.stage(&id, vec![ops.remove(0)]).await.expect("staged"),
+            1
+        );
+        // The same mapping again: final, refused, and the transaction is unchanged.
+        let err = txns
+            .stage(&id, vec![mapping(4).remove(0)])
+            .await
+            .expect_err("duplicate");
+        assert!(err.to_string().contains("mapping 4"), "{err}");
+        assert_eq!(
+            txns.stage(&id, vec![ops.remove(0)]).await.expect("staged"),
+            1
+        );
+        let report = txns.commit(&id).await.expect("committed");
+        assert_eq!(report.summary.mappings_created, 1);
+        // Rolling back after the commit is a late call.
+        assert!(matches!(
+            txns.rollback(&id),
+            Err(Error::TransactionNotOpen { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn staging_limits_refuse_the_request_and_keep_the_transaction() {
+        let txns = transactions(TxnConfig {
+            max_rows: 1,
+            ..TxnConfig::default()
+        });
+        let id = txns.begin(None);
+        let mut ops = mapping(4);
+        txns.stage(&id, vec![ops.remove(0)])
+            .await
+            .expect("first row fits");
+        let err = txns
+            .stage(&id, vec![ops.remove(0)])
+            .await
+            .expect_err("over");
+        assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
+        txns.rollback(&id).expect("rolled back");
+        txns.rollback(&id).expect("a second rollback is harmless");
+    }
+}
