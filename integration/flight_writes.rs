@@ -37,7 +37,12 @@ struct Server {
 impl Server {
     /// A server on an empty redb store.
     async fn empty(config: TxnConfig) -> Self {
-        let store = Backend::Redb.open().await;
+        Self::empty_on(Backend::Redb, config).await
+    }
+
+    /// A server on an empty store of `backend`.
+    async fn empty_on(backend: Backend, config: TxnConfig) -> Self {
+        let store = backend.open().await;
         let catalog = store.catalog();
         let server = moraine::server::start_with(
             catalog.clone(),
@@ -480,7 +485,19 @@ async fn rollback_and_refused_statements_leave_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_transactions_creating_one_mapping_cannot_both_commit() {
-    let server = Server::empty(TxnConfig::default()).await;
+    two_transactions_race(Backend::Redb).await;
+}
+
+/// The same race on TiKV, where the loser is refused by the cluster's own insert-if-absent
+/// check at prewrite.
+#[cfg(feature = "tikv")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transactions_creating_one_mapping_cannot_both_commit_on_tikv() {
+    two_transactions_race(Backend::Tikv).await;
+}
+
+async fn two_transactions_race(backend: Backend) {
+    let server = Server::empty_on(backend, TxnConfig::default()).await;
     let mut a = server.client().await;
     let mut b = server.client().await;
     let ta = a.begin_transaction().await.expect("begin a");

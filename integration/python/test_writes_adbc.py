@@ -3,8 +3,8 @@
 The server advertises transactions (SqlInfo 8), so `connect()` turns autocommit off and the
 driver keeps one server transaction open per connection: BeginTransaction at connect and again
 after every `commit()`/`rollback()`. `cursor.adbc_ingest(...)` carries no transaction id; the
-server binds it to the connection's open transaction through the session token of the
-Handshake. Statements (`cursor.execute`) are prepared and carry the transaction id; DML runs at
+server binds it to the connection's open transaction through the session token it hands out in
+the headers of the connection's first response, which the driver replays on every call. Statements (`cursor.execute`) are prepared and carry the transaction id; DML runs at
 GetFlightInfo and answers the affected-row count.
 
 No test hard-codes a result: each reads the committed store first (DoGet, or a new DB-API
