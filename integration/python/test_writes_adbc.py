@@ -879,6 +879,35 @@ def test_insert_with_parameters(uri, ids):
     assert_stored(uri, m.added_to(before), "INSERTs with bound parameters")
 
 
+def test_executemany_inserts_and_deletes_row_by_row(uri, ids):
+    """`executemany` sends every parameter row in one CommandPreparedStatementUpdate: an
+    INSERT stages them all as one change, a DELETE runs once per row; rowcount is the sum."""
+    before = read_state(uri)
+    t = ids.table()
+    m = Mapping(ids.file(), t, [(0, "s", 1, None, False), (1, "a", 2, 0, False),
+                                (2, "b", 3, 0, False), (3, "part", 4, None, True)])
+    with connection(uri) as conn:
+        cur = conn.cursor()
+        cur.execute("INSERT INTO ducklake_column_mapping VALUES (?, ?, ?)", m.column_row)
+        cur.executemany("INSERT INTO ducklake_name_mapping VALUES (?, ?, ?, ?, ?, ?)",
+                        m.name_rows)
+        assert cur.rowcount == len(m.name_rows)
+        conn.commit()
+        assert_stored(uri, m.added_to(before), "executemany INSERT of every name row")
+
+        files = [data_file(ids.file(), t, m.mapping_id) for _ in range(3)]
+        cur.executemany(f"INSERT INTO {DATA_FILE} VALUES ({', '.join('?' * len(files[0]))})",
+                        files)
+        assert cur.rowcount == len(files)
+        gone = [(files[0][0],), (files[2][0],), (ids.file(),)]
+        cur.executemany("DELETE FROM ducklake_data_file WHERE data_file_id = ?", gone)
+        assert cur.rowcount == 2
+        conn.commit()
+        cur.close()
+    after = m.added_to(before).with_rows(DATA_FILE, [files[1]])
+    assert_stored(uri, after, "executemany INSERT of files, then DELETE of two of them")
+
+
 def test_insert_violating_a_constraint_is_refused(uri, ids):
     before = read_state(uri)
     m = flat_mapping(ids.file(), ids.table(), 2)

@@ -535,6 +535,16 @@ impl FlightSqlService for MoraineSqlService {
         if rows.is_empty() {
             rows.push(prepared.bound);
         }
+        if write.is_insert() {
+            // One staged change for every row: an INSERT's rows do not depend on each other,
+            // and staging them together validates the transaction once, not once per row.
+            let view = status(self.view(txn.as_ref()).await)?;
+            let mut ops = Vec::new();
+            for params in rows {
+                ops.extend(status(self.engine.write_ops(&view, &write, params).await)?);
+            }
+            return status(self.apply(ops, txn.as_ref(), Some(view)).await);
+        }
         let mut total = 0_i64;
         for params in rows {
             total =

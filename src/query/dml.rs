@@ -254,6 +254,15 @@ fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
     })
 }
 
+impl WriteStatement {
+    /// Whether the statement inserts (its rows do not depend on earlier rows of the same
+    /// batch of parameters).
+    #[must_use]
+    pub fn is_insert(&self) -> bool {
+        matches!(self.action, Action::Insert { .. })
+    }
+}
+
 impl QueryEngine {
     /// The write statement `sql` is, or `None` for anything else (a query, or SQL that does
     /// not parse: the read path reports that).
