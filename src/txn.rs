@@ -141,6 +141,20 @@ impl Registry {
         Some(open)
     }
 
+    /// Ends transaction `id` if it has been idle past `timeout` and no call is using it. Each
+    /// lookup checks only the transaction it names; the reaper sweeps the rest.
+    fn expire_one(&mut self, id: &TxnId, timeout: Duration, now: Instant) {
+        let idle = self.open.get(id).is_some_and(|open| {
+            now.duration_since(open.last_used) >= timeout && open.txn.try_lock().is_ok()
+        });
+        if idle
+            && let Some(open) = self.end(id, Ending::Expired, now)
+            && let Ok(mut txn) = open.txn.try_lock()
+        {
+            txn.discard();
+        }
+    }
+
     /// Ends every transaction idle past `timeout` that no call is using.
     fn expire(&mut self, timeout: Duration, now: Instant) -> usize {
         let idle: Vec<TxnId> = self
@@ -262,7 +276,6 @@ impl Transactions {
         let id = TxnId(random_token());
         let now = Instant::now();
         let mut registry = self.registry();
-        registry.expire(self.config.idle_timeout, now);
         registry.open.insert(
             id.clone(),
             Open {
@@ -289,15 +302,16 @@ impl Transactions {
     #[must_use]
     pub fn of_session(&self, session: &str) -> Option<TxnId> {
         let mut registry = self.registry();
-        registry.expire(self.config.idle_timeout, Instant::now());
-        registry.sessions.get(session).cloned()
+        let id = registry.sessions.get(session).cloned()?;
+        registry.expire_one(&id, self.config.idle_timeout, Instant::now());
+        registry.open.contains_key(&id).then_some(id)
     }
 
     /// Whether `id` is open.
     #[must_use]
     pub fn is_open(&self, id: &TxnId) -> bool {
         let mut registry = self.registry();
-        registry.expire(self.config.idle_timeout, Instant::now());
+        registry.expire_one(id, self.config.idle_timeout, Instant::now());
         registry.open.contains_key(id)
     }
 
@@ -317,7 +331,7 @@ impl Transactions {
     fn open(&self, id: &TxnId) -> Result<Arc<tokio::sync::Mutex<Txn>>> {
         let now = Instant::now();
         let mut registry = self.registry();
-        registry.expire(self.config.idle_timeout, now);
+        registry.expire_one(id, self.config.idle_timeout, now);
         if let Some(open) = registry.open.get_mut(id) {
             open.last_used = now;
             return Ok(Arc::clone(&open.txn));
@@ -467,7 +481,7 @@ impl Transactions {
         let handle = {
             let now = Instant::now();
             let mut registry = self.registry();
-            registry.expire(self.config.idle_timeout, now);
+            registry.expire_one(id, self.config.idle_timeout, now);
             let ended = registry.ended.get(id).map(|e| e.how);
             // Ended as committed until the outcome says otherwise; no call can join it now.
             match registry.end(id, Ending::Committed, now) {
@@ -505,7 +519,7 @@ impl Transactions {
     pub fn rollback(&self, id: &TxnId) -> Result<()> {
         let now = Instant::now();
         let mut registry = self.registry();
-        registry.expire(self.config.idle_timeout, now);
+        registry.expire_one(id, self.config.idle_timeout, now);
         let ended = registry.ended.get(id).map(|e| e.how);
         match registry.end(id, Ending::RolledBack, now) {
             Some(open) => {
@@ -593,6 +607,24 @@ mod tests {
             "{err}"
         );
         assert_eq!(txns.of_session("s"), None);
+    }
+
+    #[tokio::test]
+    async fn the_reaper_ends_abandoned_transactions_without_any_lookup() {
+        let txns = transactions(TxnConfig {
+            idle_timeout: Duration::from_millis(30),
+            ..TxnConfig::default()
+        });
+        txns.spawn_reaper();
+        let abandoned = txns.begin(Some("gone"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let registry = txns.registry();
+        assert!(registry.open.is_empty(), "still open after the timeout");
+        assert!(registry.sessions.is_empty(), "the session still names it");
+        assert_eq!(
+            registry.ended.get(&abandoned).map(|e| e.how),
+            Some(Ending::Expired)
+        );
     }
 
     #[tokio::test]
