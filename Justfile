@@ -36,3 +36,9 @@ golden:
 # Benchmarks (release profile).
 bench:
     cargo bench
+
+# DuckLake's mapping loads through Flight SQL against their transport anchors, on a release
+# build (needs the Python suite's venv: run ./integration/run-tests once).
+bench-flight MAPPINGS="1000000":
+    cargo build --release --locked --bin moraine
+    ~/.cache/moraine/venv/bin/python benches/flight_load.py --binary target/release/moraine --mappings {{MAPPINGS}}

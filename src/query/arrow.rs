@@ -117,9 +117,17 @@ impl Column {
     }
 }
 
+/// What a builder builds rows of.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Table(CatalogTable),
+    /// The join of the two mapping tables ([`super::load`]).
+    MappingLoad,
+}
+
 /// Builds record batches of one table, with only the projected columns.
 pub struct BatchBuilder {
-    table: CatalogTable,
+    shape: Shape,
     schema: SchemaRef,
     /// Index into the table's columns of each output column.
     projection: Vec<usize>,
@@ -137,7 +145,26 @@ impl BatchBuilder {
         projection: Option<&[usize]>,
         capacity: usize,
     ) -> Result<Self, ArrowError> {
-        let full = table_schema(table);
+        Self::build(Shape::Table(table), projection, capacity)
+    }
+
+    /// A builder of the mapping load join's batches ([`super::load`]).
+    ///
+    /// # Errors
+    /// When a projected index is not a column of the join.
+    pub fn mapping_load(projection: Option<&[usize]>, capacity: usize) -> Result<Self, ArrowError> {
+        Self::build(Shape::MappingLoad, projection, capacity)
+    }
+
+    fn build(
+        shape: Shape,
+        projection: Option<&[usize]>,
+        capacity: usize,
+    ) -> Result<Self, ArrowError> {
+        let full = match shape {
+            Shape::Table(table) => table_schema(table),
+            Shape::MappingLoad => super::load::mapping_load_schema(),
+        };
         let projection: Vec<usize> = match projection {
             Some(p) => p.to_vec(),
             None => (0..full.fields().len()).collect(),
@@ -149,7 +176,7 @@ impl BatchBuilder {
             .map(|f| Column::new(f.data_type(), capacity))
             .collect();
         Ok(Self {
-            table,
+            shape,
             schema,
             projection,
             columns,
@@ -172,7 +199,11 @@ impl BatchBuilder {
     /// Appends the rows of a mapping record: one for `ducklake_column_mapping`, one per
     /// embedded name for `ducklake_name_mapping`.
     pub fn append_mapping(&mut self, mapping: &ColumnMapping) {
-        match self.table {
+        let Shape::Table(table) = self.shape else {
+            self.append_load_group(std::slice::from_ref(mapping));
+            return;
+        };
+        match table {
             CatalogTable::ColumnMapping => {
                 for (column, &index) in self.columns.iter_mut().zip(&self.projection) {
                     match index {
@@ -200,6 +231,38 @@ impl BatchBuilder {
             }
             CatalogTable::DataFile => {}
         }
+    }
+
+    /// Appends the mapping load rows of `group`, the records of one `mapping_id`, parents
+    /// first (`parent_column NULLS FIRST`), then by `column_id`. As in a SQL catalog, whose
+    /// name rows carry no `table_id`, every record of the group joins every name row of the
+    /// group (one record: its own rows).
+    pub fn append_load_group(&mut self, group: &[ColumnMapping]) {
+        let mut rows: Vec<(&ColumnMapping, &crate::model::NameMapping)> = group
+            .iter()
+            .flat_map(|mapping| {
+                group
+                    .iter()
+                    .flat_map(|owner| owner.names.iter())
+                    .map(move |name| (mapping, name))
+            })
+            .collect();
+        rows.sort_by_key(|(_, name)| (name.parent_column.map(|c| c.0), name.column_id.0));
+        for (mapping, name) in &rows {
+            for (column, &index) in self.columns.iter_mut().zip(&self.projection) {
+                match index {
+                    0 => column.int(Some(mapping.mapping_id.0)),
+                    1 => column.int(Some(mapping.table_id.0)),
+                    2 => column.text(mapping.map_type.as_deref()),
+                    3 => column.int(Some(name.column_id.0)),
+                    4 => column.text(Some(&name.source_name)),
+                    5 => column.int(Some(name.target_field_id.0)),
+                    6 => column.int(name.parent_column.map(|c| c.0)),
+                    _ => column.bool(Some(name.is_partition)),
+                }
+            }
+        }
+        self.rows += rows.len();
     }
 
     /// Appends the row of a data file.

@@ -10,6 +10,7 @@
 
 pub mod arrow;
 pub mod dml;
+pub mod load;
 pub mod provider;
 pub mod pushdown;
 pub mod rewrite;
@@ -93,6 +94,12 @@ impl QueryEngine {
             )
             .map_err(from_datafusion)?;
         }
+        datafusion::catalog::SchemaProvider::register_table(
+            &schema,
+            load::MAPPING_LOAD_TABLE.to_owned(),
+            Arc::new(load::MappingLoadProvider::new(snapshot.clone())),
+        )
+        .map_err(from_datafusion)?;
         let catalog = MemoryCatalogProvider::new();
         datafusion::catalog::CatalogProvider::register_schema(
             &catalog,
@@ -136,9 +143,7 @@ impl QueryEngine {
                         .into(),
             });
         }
-        if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
-            rewrite::normalize(inner);
-        }
+        normalize(&mut statement);
         let plan = state
             .statement_to_plan(statement)
             .await
@@ -248,6 +253,17 @@ impl QueryEngine {
             None => format!("SELECT * FROM {}", table.name()),
         };
         self.execute(&sql, Vec::new()).await
+    }
+}
+
+/// The normalizations of [`rewrite`], also under `EXPLAIN`, so that it shows the plan the
+/// statement runs with.
+fn normalize(statement: &mut datafusion::sql::parser::Statement) {
+    use datafusion::sql::parser::Statement;
+    match statement {
+        Statement::Statement(inner) => rewrite::normalize(inner),
+        Statement::Explain(explain) => normalize(&mut explain.statement),
+        _ => {}
     }
 }
 

@@ -3,6 +3,10 @@
 //!
 //! - `?` placeholders (ADBC, JDBC style) become `$1`, `$2`, … in order of appearance;
 //!   DataFusion would read every `?` as one and the same parameter.
+//! - DuckLake's join of `ducklake_column_mapping` and `ducklake_name_mapping` `USING
+//!   (mapping_id)` reads the joined table of [`super::load`] instead, which holds the same rows
+//!   in the load's order; qualified column names lose their qualifier (the joined table's
+//!   columns are unique).
 //! - In a `SELECT` over `a JOIN b USING (c)`, a bare `c` in `WHERE` or `ORDER BY` is
 //!   qualified with the left relation. The join makes both sides equal, so this changes no
 //!   result; DataFusion would otherwise call `c` ambiguous in DuckLake's cursor query
@@ -11,13 +15,18 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, Ident, JoinConstraint, JoinOperator, ObjectName, OrderByKind, SetExpr, Statement,
-    TableFactor, Value, visit_expressions_mut,
+    Expr, Ident, JoinConstraint, JoinOperator, ObjectName, OrderByKind, SelectItem, SetExpr,
+    Statement, TableFactor, TableWithJoins, Value, visit_expressions_mut,
 };
+
+use crate::model::CatalogTable;
 
 /// Applies every normalization to `statement`.
 pub fn normalize(statement: &mut Statement) {
     number_placeholders(statement);
+    if read_mapping_load(statement) {
+        return;
+    }
     if let Statement::Query(query) = statement {
         let SetExpr::Select(select) = query.body.as_mut() else {
             return;
@@ -79,6 +88,80 @@ fn relation_name(relation: &TableFactor) -> Option<Vec<Ident>> {
     }
 }
 
+/// A mapping table as a query names it: which one, and the qualifier its columns take.
+fn mapping_table(relation: &TableFactor) -> Option<(CatalogTable, String)> {
+    let TableFactor::Table { name, alias, .. } = relation else {
+        return None;
+    };
+    let parts = idents(name)?;
+    let last = parts.last()?;
+    let table = CatalogTable::from_name(&last.value)
+        .filter(|t| matches!(t, CatalogTable::ColumnMapping | CatalogTable::NameMapping))?;
+    let qualifier = alias.as_ref().map_or(&last.value, |a| &a.name.value);
+    Some((table, qualifier.to_lowercase()))
+}
+
+/// Rewrites `SELECT … FROM ducklake_column_mapping JOIN ducklake_name_mapping USING
+/// (mapping_id) …` (either order, any aliases) to read the joined table. Returns whether it did.
+fn read_mapping_load(statement: &mut Statement) -> bool {
+    let Statement::Query(query) = statement else {
+        return false;
+    };
+    let SetExpr::Select(select) = query.body.as_mut() else {
+        return false;
+    };
+    let [from] = select.from.as_slice() else {
+        return false;
+    };
+    let [join] = from.joins.as_slice() else {
+        return false;
+    };
+    let on_mapping_id = match &join.join_operator {
+        JoinOperator::Join(JoinConstraint::Using(columns))
+        | JoinOperator::Inner(JoinConstraint::Using(columns)) => match columns.as_slice() {
+            [column] => idents(column).is_some_and(|parts| {
+                matches!(parts.as_slice(), [c] if c.value.eq_ignore_ascii_case("mapping_id"))
+            }),
+            _ => false,
+        },
+        _ => false,
+    };
+    let (Some((left, left_q)), Some((right, right_q))) =
+        (mapping_table(&from.relation), mapping_table(&join.relation))
+    else {
+        return false;
+    };
+    let plain_items = select.projection.iter().all(|item| {
+        matches!(
+            item,
+            SelectItem::UnnamedExpr(_) | SelectItem::ExprWithAlias { .. } | SelectItem::Wildcard(_)
+        )
+    });
+    if !on_mapping_id || left == right || !plain_items {
+        return false;
+    }
+    let mut relation = from.relation.clone();
+    if let TableFactor::Table { name, alias, .. } = &mut relation {
+        *name = ObjectName::from(vec![Ident::new(super::load::MAPPING_LOAD_TABLE)]);
+        *alias = None;
+    }
+    select.from = vec![TableWithJoins {
+        relation,
+        joins: Vec::new(),
+    }];
+    let qualifiers = [left_q, right_q];
+    let _ = visit_expressions_mut(statement, |expr| {
+        if let Expr::CompoundIdentifier(parts) = expr
+            && let [qualifier, column] = parts.as_slice()
+            && qualifiers.contains(&qualifier.value.to_lowercase())
+        {
+            *expr = Expr::Identifier(column.clone());
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    true
+}
+
 fn idents(name: &ObjectName) -> Option<Vec<Ident>> {
     name.0.iter().map(|part| part.as_ident().cloned()).collect()
 }
@@ -134,5 +217,30 @@ mod tests {
             normalized("SELECT a FROM m WHERE a = 1"),
             "SELECT a FROM m WHERE a = 1"
         );
+    }
+
+    #[test]
+    fn ducklakes_mapping_join_reads_the_joined_table() {
+        assert_eq!(
+            normalized(
+                "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, parent_column, is_partition FROM ducklake_column_mapping JOIN ducklake_name_mapping USING (mapping_id) WHERE mapping_id >= ? ORDER BY mapping_id, parent_column NULLS FIRST"
+            ),
+            "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, parent_column, is_partition FROM __moraine_mapping_load WHERE mapping_id >= $1 ORDER BY mapping_id, parent_column NULLS FIRST"
+        );
+        assert_eq!(
+            normalized(
+                "SELECT n.source_name, m.table_id FROM main.ducklake_name_mapping n INNER JOIN ducklake_column_mapping AS m USING (mapping_id) WHERE m.mapping_id = 3"
+            ),
+            "SELECT source_name, table_id FROM __moraine_mapping_load WHERE mapping_id = 3"
+        );
+        // Anything else keeps its join: another key, an outer join, a qualified wildcard.
+        for sql in [
+            "SELECT * FROM ducklake_column_mapping JOIN ducklake_name_mapping USING (table_id)",
+            "SELECT * FROM ducklake_column_mapping LEFT JOIN ducklake_name_mapping USING (mapping_id)",
+            "SELECT n.* FROM ducklake_column_mapping m JOIN ducklake_name_mapping n USING (mapping_id)",
+            "SELECT * FROM ducklake_column_mapping a JOIN ducklake_column_mapping b USING (mapping_id)",
+        ] {
+            assert!(!normalized(sql).contains("__moraine_mapping_load"), "{sql}");
+        }
     }
 }
