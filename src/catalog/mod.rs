@@ -273,8 +273,9 @@ impl CatalogSnapshot {
             .collect();
         let keyspace = self.keyspace.clone();
         let snapshot = self.snapshot.clone();
+        // Two pages in flight: the next page's records are read while this one is consumed.
         self.pages(ranges, page)
-            .then(move |entries| {
+            .map(move |entries| {
                 let keyspace = keyspace.clone();
                 let snapshot = snapshot.clone();
                 async move {
@@ -296,6 +297,7 @@ impl CatalogSnapshot {
                         .collect()
                 }
             })
+            .buffered(2)
             .boxed()
     }
 
