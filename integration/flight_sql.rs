@@ -389,7 +389,7 @@ async fn metadata_commands_describe_the_served_tables() {
     assert_eq!(rows[0][3], "data_file_id");
 }
 
-fn code_of(err: &FlightError) -> Code {
+pub fn code_of(err: &FlightError) -> Code {
     match err {
         FlightError::Tonic(status) => status.code(),
         other => panic!("expected a gRPC status, got {other}"),

@@ -24,6 +24,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::ducklake_fixture;
+use crate::flight_sql::code_of;
 use crate::harness::{Backend, CatalogRows, TestStore, catalog_rows};
 
 const LOAD_QUERY: &str = "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, parent_column, is_partition FROM ducklake_column_mapping JOIN ducklake_name_mapping USING (mapping_id) ORDER BY mapping_id, parent_column NULLS FIRST";
@@ -90,14 +91,6 @@ impl Server {
 
 fn count(n: usize) -> i64 {
     i64::try_from(n).expect("a count fits i64")
-}
-
-fn code_of(err: &FlightError) -> Code {
-    match err {
-        FlightError::Tonic(status) => status.code(),
-        FlightError::Arrow(arrow) => panic!("expected a gRPC status, got an Arrow error: {arrow}"),
-        other => panic!("expected a gRPC status, got {other}"),
-    }
 }
 
 fn mapping_batch(rows: &[ColumnMappingRow]) -> RecordBatch {

@@ -141,9 +141,10 @@ impl Registry {
         Some(open)
     }
 
-    /// Ends transaction `id` if it has been idle past `timeout` and no call is using it. Each
-    /// lookup checks only the transaction it names; the reaper sweeps the rest.
-    fn expire_one(&mut self, id: &TxnId, timeout: Duration, now: Instant) {
+    /// Ends transaction `id` if it has been idle past `timeout` and no call is using it;
+    /// returns whether it did. Each lookup checks only the transaction it names; the reaper
+    /// checks them all.
+    fn expire_one(&mut self, id: &TxnId, timeout: Duration, now: Instant) -> bool {
         let idle = self.open.get(id).is_some_and(|open| {
             now.duration_since(open.last_used) >= timeout && open.txn.try_lock().is_ok()
         });
@@ -153,26 +154,15 @@ impl Registry {
         {
             txn.discard();
         }
+        idle
     }
 
     /// Ends every transaction idle past `timeout` that no call is using.
     fn expire(&mut self, timeout: Duration, now: Instant) -> usize {
-        let idle: Vec<TxnId> = self
-            .open
-            .iter()
-            .filter(|(_, open)| {
-                now.duration_since(open.last_used) >= timeout && open.txn.try_lock().is_ok()
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &idle {
-            if let Some(open) = self.end(id, Ending::Expired, now)
-                && let Ok(mut txn) = open.txn.try_lock()
-            {
-                txn.discard();
-            }
-        }
-        idle.len()
+        let ids: Vec<TxnId> = self.open.keys().cloned().collect();
+        ids.iter()
+            .filter(|id| self.expire_one(id, timeout, now))
+            .count()
     }
 }
 
@@ -547,12 +537,10 @@ impl Transactions {
         for op in ops {
             batch.push(op);
         }
-        let base = match base {
-            Some(base) => base,
-            None => self.catalog.snapshot().await?,
-        };
-        let plan = evaluate(&base, &batch).await?.into_plan()?;
-        crate::write::commit::apply(&self.catalog, plan).await
+        match base {
+            Some(base) => crate::write::commit::commit_batch_at(&self.catalog, &base, &batch).await,
+            None => crate::write::commit_batch(&self.catalog, &batch).await,
+        }
     }
 }
 

@@ -25,8 +25,20 @@ pub struct CommitReport {
 /// # Errors
 /// As above, and [`Error::Kv`] / [`Error::Codec`] for store failures before the commit.
 pub async fn commit_batch(catalog: &Catalog, batch: &StagedBatch) -> Result<CommitReport> {
-    let snapshot = catalog.snapshot().await?;
-    let plan = plan_batch(&snapshot, batch).await?;
+    commit_batch_at(catalog, &catalog.snapshot().await?, batch).await
+}
+
+/// As [`commit_batch`], validating against `snapshot` (the one a statement read), not a
+/// fresh one.
+///
+/// # Errors
+/// As [`commit_batch`].
+pub async fn commit_batch_at(
+    catalog: &Catalog,
+    snapshot: &crate::catalog::CatalogSnapshot,
+    batch: &StagedBatch,
+) -> Result<CommitReport> {
+    let plan = plan_batch(snapshot, batch).await?;
     apply(catalog, plan).await
 }
 
