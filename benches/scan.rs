@@ -49,8 +49,8 @@ async fn scan_decode(store: &Store, keyspace: &Keyspace) -> usize {
     let mut pages = snapshot.scan(keyspace.table_range(Kind::Mapping, TableId(1)));
     let mut names = 0;
     while let Some(page) = pages.next().await {
-        for pair in page.expect("page") {
-            names += decode_mapping(&pair.value).expect("decode").names.len();
+        for (_, value) in page.expect("page").iter() {
+            names += decode_mapping(value).expect("decode").names.len();
         }
     }
     names

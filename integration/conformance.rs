@@ -39,6 +39,7 @@ async fn commit(store: &Store, writes: WriteSet) -> CommitOutcome {
 async fn scan_all(snapshot: &Snapshot, range: KeyRange, page: PageSize) -> Vec<KvPair> {
     snapshot
         .scan_pages(range, page)
+        .map_ok(|page| page.to_pairs())
         .try_concat()
         .await
         .expect("scan")
@@ -113,6 +114,7 @@ pub async fn scans_are_ordered_and_exact_across_pages(backend: Backend) {
                     bytes: usize::MAX,
                 },
             )
+            .map_ok(|page| page.to_pairs())
             .try_collect()
             .await
             .expect("scan");
@@ -138,6 +140,7 @@ pub async fn scans_are_ordered_and_exact_across_pages(backend: Backend) {
                 bytes: 3 * pair_len,
             },
         )
+        .map_ok(|page| page.to_pairs())
         .try_collect()
         .await
         .expect("scan");

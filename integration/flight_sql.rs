@@ -566,17 +566,17 @@ async fn a_large_table_streams_in_many_batches() {
     let catalog = store.catalog();
     let mappings = 3000_i64;
     let mut batch = StagedBatch::new();
-    batch.push(Op::Insert(Insert::ColumnMappings(
-        (0..mappings)
+    batch.push(Op::Insert(Insert::column_mappings(
+        &(0..mappings)
             .map(|id| ColumnMappingRow {
                 mapping_id: Some(id),
                 table_id: Some(id % 7),
                 map_type: Some("map_by_name".into()),
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )));
-    batch.push(Op::Insert(Insert::NameMappings(
-        (0..mappings)
+    batch.push(Op::Insert(Insert::name_mappings(
+        &(0..mappings)
             .flat_map(|id| {
                 (0..17).map(move |c| NameMappingRow {
                     mapping_id: Some(id),
@@ -587,7 +587,7 @@ async fn a_large_table_streams_in_many_batches() {
                     is_partition: Some(false),
                 })
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )));
     commit_batch(&catalog, &batch).await.expect("load");
     let fixture = Fixture::serve(store, catalog, CatalogRows::default()).await;
@@ -628,19 +628,19 @@ async fn dropping_a_do_get_stops_the_scan() {
     use moraine::write::{Insert, Op, StagedBatch};
     let store = Backend::Redb.open().await;
     let catalog = store.catalog();
-    let mappings = 40_000_i64;
+    let mappings = 160_000_i64;
     let mut batch = StagedBatch::new();
-    batch.push(Op::Insert(Insert::ColumnMappings(
-        (0..mappings)
+    batch.push(Op::Insert(Insert::column_mappings(
+        &(0..mappings)
             .map(|id| ColumnMappingRow {
                 mapping_id: Some(id),
                 table_id: Some(1),
                 map_type: Some("map_by_name".into()),
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )));
-    batch.push(Op::Insert(Insert::NameMappings(
-        (0..mappings)
+    batch.push(Op::Insert(Insert::name_mappings(
+        &(0..mappings)
             .map(|id| NameMappingRow {
                 mapping_id: Some(id),
                 column_id: Some(0),
@@ -649,7 +649,7 @@ async fn dropping_a_do_get_stops_the_scan() {
                 parent_column: None,
                 is_partition: Some(false),
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )));
     commit_batch(&catalog, &batch).await.expect("load");
     let pages_read = Arc::clone(&store.pages_read);

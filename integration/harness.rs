@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use moraine::kv::memory::MemoryBackend;
 use moraine::kv::redb::RedbBackend;
 use moraine::kv::{
-    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, PageSize, PreparedWrite, ScanPage,
-    Store, StoreLimits,
+    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, PreparedWrite, Store,
+    StoreLimits,
 };
 use tempfile::TempDir;
 
@@ -111,7 +111,7 @@ impl KvSnapshot for CountingSnapshot {
         self.inner.batch_get(keys).await
     }
 
-    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
         self.pages.fetch_add(1, Ordering::SeqCst);
         self.inner.scan_page(range, page).await
     }
@@ -139,31 +139,37 @@ impl CatalogRows {
 /// Reads every row of the catalog through a fresh snapshot.
 pub async fn catalog_rows(catalog: &moraine::catalog::Catalog) -> CatalogRows {
     use futures::TryStreamExt as _;
-    use moraine::codec::Kind;
+    use moraine::codec::{Kind, decode_data_file, decode_mapping};
     let snapshot = catalog.snapshot().await.expect("snapshot");
     let keyspace = catalog.keyspace();
     let mut rows = CatalogRows::default();
-    let mappings: Vec<_> = snapshot
-        .mappings(
+    let pages: Vec<Page> = snapshot
+        .pages(
             vec![keyspace.kind_range(Kind::Mapping)],
             PageSize::default(),
         )
-        .try_concat()
+        .try_collect()
         .await
         .expect("scan mappings");
-    for mapping in mappings {
+    for (key, value) in pages.iter().flat_map(Page::iter) {
+        moraine::catalog::check_mapping(keyspace, key, value).expect("a mapping record");
+        let mapping = decode_mapping(value).expect("decodes");
         rows.column_mappings.push(mapping.column_row());
         rows.name_mappings.extend(mapping.name_rows());
     }
-    let files: Vec<_> = snapshot
-        .data_files(
+    let pages: Vec<Page> = snapshot
+        .pages(
             vec![keyspace.kind_range(Kind::DataFile)],
             PageSize::default(),
         )
-        .try_concat()
+        .try_collect()
         .await
         .expect("scan files");
-    rows.data_files = files.iter().map(moraine::model::DataFile::to_row).collect();
+    for (key, value) in pages.iter().flat_map(Page::iter) {
+        moraine::catalog::check_data_file(keyspace, key, value).expect("a data-file record");
+        rows.data_files
+            .push(decode_data_file(value).expect("decodes"));
+    }
     rows.sorted()
 }
 
@@ -191,8 +197,8 @@ pub mod tikv {
     use async_trait::async_trait;
     use moraine::kv::tikv::{TikvBackend, TikvOptions};
     use moraine::kv::{
-        CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize,
-        PreparedWrite, ScanPage,
+        CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
+        PreparedWrite,
     };
 
     use crate::fake_tikv::{ClusterConfig, FakeCluster};
@@ -301,7 +307,7 @@ pub mod tikv {
             let writes = writes
                 .into_iter()
                 .map(|w| PreparedWrite {
-                    key: with_prefix(p, &w.key),
+                    key: with_prefix(p, &w.key).into(),
                     ..w
                 })
                 .collect();
@@ -338,29 +344,21 @@ pub mod tikv {
             self.inner.batch_get(&keys).await
         }
 
-        async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+        async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
             if range.is_empty() {
-                return Ok(ScanPage {
-                    pairs: Vec::new(),
-                    exhausted: true,
-                });
+                return Ok(Page::exhausted_empty());
             }
             let range = KeyRange::new(
                 with_prefix(&self.prefix, &range.start),
                 with_prefix(&self.prefix, &range.end),
             );
-            let page_out = self.inner.scan_page(&range, page).await?;
-            Ok(ScanPage {
-                pairs: page_out
-                    .pairs
-                    .into_iter()
-                    .map(|p| KvPair {
-                        key: strip(&self.prefix, p.key),
-                        value: p.value,
-                    })
-                    .collect(),
-                exhausted: page_out.exhausted,
-            })
+            let found = self.inner.scan_page(&range, page).await?;
+            let mut out = Page::with_capacity(found.len(), found.bytes());
+            for (key, value) in found.iter() {
+                out.push(&strip(&self.prefix, key.to_vec()), value);
+            }
+            out.set_exhausted(found.is_exhausted());
+            Ok(out)
         }
     }
 }

@@ -36,6 +36,7 @@ async fn committed_data_survives_reopening_the_file() {
             moraine::kv::KeyRange::new(vec![], vec![0xff]),
             PageSize::default(),
         )
+        .map_ok(|page| page.to_pairs())
         .try_concat()
         .await
         .expect("scan")

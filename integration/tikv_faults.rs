@@ -55,6 +55,7 @@ async fn scan(store: &Store, rows: usize) -> Vec<KvPair> {
                 bytes: 1 << 20,
             },
         )
+        .map_ok(|page| page.to_pairs())
         .try_concat()
         .await
         .expect("scan")
@@ -256,6 +257,7 @@ async fn a_store_that_stops_listening_and_comes_back() {
         .await
         .expect("snapshot: PD is up")
         .scan(everything())
+        .map_ok(|page| page.to_pairs())
         .try_concat()
         .await;
     assert!(

@@ -70,9 +70,9 @@ fn batch(ops: impl IntoIterator<Item = Op>) -> StagedBatch {
 /// A DuckLake commit that adds mapping `mapping_id` of `table_id` and one file using it.
 fn add_file_commit(mapping_id: i64, table_id: i64, data_file_id: i64) -> StagedBatch {
     batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(mapping_id, table_id)])),
-        Op::Insert(Insert::NameMappings(tree(mapping_id))),
-        Op::Insert(Insert::DataFiles(vec![file(
+        Op::Insert(Insert::column_mappings(&[mapping(mapping_id, table_id)])),
+        Op::Insert(Insert::name_mappings(&tree(mapping_id))),
+        Op::Insert(Insert::data_files(&[file(
             data_file_id,
             table_id,
             Some(mapping_id),
@@ -110,9 +110,9 @@ pub async fn happy_path_lands_one_record_and_the_files_mapping(backend: Backend)
     names.extend(tree(6));
     names.reverse();
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(5, 1), mapping(6, 2)])),
-        Op::Insert(Insert::NameMappings(names)),
-        Op::Insert(Insert::DataFiles(vec![
+        Op::Insert(Insert::column_mappings(&[mapping(5, 1), mapping(6, 2)])),
+        Op::Insert(Insert::name_mappings(&names)),
+        Op::Insert(Insert::data_files(&[
             file(7, 1, Some(5)),
             file(8, 2, Some(6)),
             file(9, 1, None),
@@ -179,7 +179,7 @@ pub async fn replays_real_ducklake_commits(backend: Backend) {
 pub async fn empty_mapping_is_rejected(backend: Backend) {
     let t = backend.open().await;
     let catalog = t.catalog();
-    let commit = batch([Op::Insert(Insert::ColumnMappings(vec![mapping(5, 1)]))]);
+    let commit = batch([Op::Insert(Insert::column_mappings(&[mapping(5, 1)]))]);
     assert_eq!(
         rejected(&catalog, &commit).await,
         vec![Violation::EmptyMapping {
@@ -192,7 +192,7 @@ pub async fn empty_mapping_is_rejected(backend: Backend) {
 pub async fn orphan_name_rows_are_rejected(backend: Backend) {
     let t = backend.open().await;
     let catalog = t.catalog();
-    let commit = batch([Op::Insert(Insert::NameMappings(tree(5)))]);
+    let commit = batch([Op::Insert(Insert::name_mappings(&tree(5)))]);
     assert_eq!(
         rejected(&catalog, &commit).await,
         vec![Violation::OrphanNameMappings {
@@ -208,8 +208,8 @@ pub async fn duplicate_column_id_is_rejected(backend: Backend) {
     let mut names = tree(5);
     names.push(name(5, 2, "again", Some(0)));
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(5, 1)])),
-        Op::Insert(Insert::NameMappings(names)),
+        Op::Insert(Insert::column_mappings(&[mapping(5, 1)])),
+        Op::Insert(Insert::name_mappings(&names)),
     ]);
     assert_eq!(
         rejected(&catalog, &commit).await,
@@ -226,8 +226,8 @@ pub async fn parent_not_before_child_is_rejected(backend: Backend) {
     let mut names = tree(5);
     names[1].parent_column = Some(1);
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(5, 1)])),
-        Op::Insert(Insert::NameMappings(names)),
+        Op::Insert(Insert::column_mappings(&[mapping(5, 1)])),
+        Op::Insert(Insert::name_mappings(&names)),
     ]);
     assert_eq!(
         rejected(&catalog, &commit).await,
@@ -244,8 +244,8 @@ pub async fn existing_mapping_is_rejected(backend: Backend) {
     let catalog = t.catalog();
     commit_ok(&catalog, &add_file_commit(5, 1, 6)).await;
     let again = batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(5, 1)])),
-        Op::Insert(Insert::NameMappings(tree(5))),
+        Op::Insert(Insert::column_mappings(&[mapping(5, 1)])),
+        Op::Insert(Insert::name_mappings(&tree(5))),
     ]);
     let violations = rejected(&catalog, &again).await;
     assert_eq!(
@@ -261,8 +261,8 @@ pub async fn existing_mapping_is_rejected(backend: Backend) {
     );
     // The same mapping id under another table is another key.
     let other_table = batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(5, 2)])),
-        Op::Insert(Insert::NameMappings(tree(5))),
+        Op::Insert(Insert::column_mappings(&[mapping(5, 2)])),
+        Op::Insert(Insert::name_mappings(&tree(5))),
     ]);
     commit_ok(&catalog, &other_table).await;
 }
@@ -271,8 +271,8 @@ pub async fn mapping_twice_in_one_batch_is_rejected(backend: Backend) {
     let t = backend.open().await;
     let catalog = t.catalog();
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(vec![mapping(5, 1), mapping(5, 1)])),
-        Op::Insert(Insert::NameMappings(tree(5))),
+        Op::Insert(Insert::column_mappings(&[mapping(5, 1), mapping(5, 1)])),
+        Op::Insert(Insert::name_mappings(&tree(5))),
     ]);
     let violations = rejected(&catalog, &commit).await;
     assert!(
@@ -288,7 +288,7 @@ pub async fn data_file_must_reference_a_mapping_of_its_table(backend: Backend) {
     let t = backend.open().await;
     let catalog = t.catalog();
     commit_ok(&catalog, &add_file_commit(5, 1, 6)).await;
-    let commit = batch([Op::Insert(Insert::DataFiles(vec![
+    let commit = batch([Op::Insert(Insert::data_files(&[
         file(7, 2, Some(5)),  // mapping 5 belongs to table 1
         file(8, 1, Some(99)), // no such mapping
         file(9, 1, Some(5)),  // fine
@@ -311,7 +311,7 @@ pub async fn data_file_must_reference_a_mapping_of_its_table(backend: Backend) {
     // A mapping deleted earlier in the same batch does not count.
     let commit = batch([
         Op::Delete(Delete::ColumnMappingsOfTables(vec![TableId(1)])),
-        Op::Insert(Insert::DataFiles(vec![file(9, 1, Some(5))])),
+        Op::Insert(Insert::data_files(&[file(9, 1, Some(5))])),
     ]);
     assert_eq!(
         rejected(&catalog, &commit).await,
@@ -329,16 +329,16 @@ pub async fn nulls_duckdb_never_writes_are_rejected(backend: Backend) {
     let mut names = tree(5);
     names[2].target_field_id = None;
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(vec![
+        Op::Insert(Insert::column_mappings(&[
             mapping(5, 1),
             ColumnMappingRow {
                 table_id: None,
                 ..mapping(6, 1)
             },
         ])),
-        Op::Insert(Insert::NameMappings(names)),
-        Op::Insert(Insert::NameMappings(tree(6))),
-        Op::Insert(Insert::DataFiles(vec![
+        Op::Insert(Insert::name_mappings(&names)),
+        Op::Insert(Insert::name_mappings(&tree(6))),
+        Op::Insert(Insert::data_files(&[
             DataFileRow {
                 data_file_id: None,
                 ..file(7, 1, None)
@@ -351,18 +351,19 @@ pub async fn nulls_duckdb_never_writes_are_rejected(backend: Backend) {
     ]);
     assert_eq!(
         rejected(&catalog, &commit).await,
+        // In the order the batch's changes were made.
         vec![
-            Violation::NullColumn {
-                table: CatalogTable::NameMapping,
-                column: "target_field_id",
-                row: 2,
-                row_id: Some(5)
-            },
             Violation::NullColumn {
                 table: CatalogTable::ColumnMapping,
                 column: "table_id",
                 row: 1,
                 row_id: Some(6)
+            },
+            Violation::NullColumn {
+                table: CatalogTable::NameMapping,
+                column: "target_field_id",
+                row: 2,
+                row_id: Some(5)
             },
             Violation::NullColumn {
                 table: CatalogTable::DataFile,
@@ -380,12 +381,12 @@ pub async fn nulls_duckdb_never_writes_are_rejected(backend: Backend) {
     );
     // NULL type and NULL optional data-file columns are stored verbatim.
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(vec![ColumnMappingRow {
+        Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
             map_type: None,
             ..mapping(5, 1)
         }])),
-        Op::Insert(Insert::NameMappings(tree(5))),
-        Op::Insert(Insert::DataFiles(vec![DataFileRow {
+        Op::Insert(Insert::name_mappings(&tree(5))),
+        Op::Insert(Insert::data_files(&[DataFileRow {
             data_file_id: Some(7),
             table_id: Some(1),
             ..DataFileRow::default()
@@ -429,7 +430,7 @@ pub async fn existing_data_file_is_rejected(backend: Backend) {
     let t = backend.open().await;
     let catalog = t.catalog();
     commit_ok(&catalog, &add_file_commit(5, 1, 6)).await;
-    let commit = batch([Op::Insert(Insert::DataFiles(vec![
+    let commit = batch([Op::Insert(Insert::data_files(&[
         file(6, 2, None),
         file(7, 1, None),
         file(7, 1, None),
@@ -460,9 +461,9 @@ pub async fn one_bad_mapping_among_many_writes_nothing(backend: Backend) {
         files.push(file(id + 1, 1 + i % 3, Some(id)));
     }
     let commit = batch([
-        Op::Insert(Insert::ColumnMappings(maps)),
-        Op::Insert(Insert::NameMappings(names)),
-        Op::Insert(Insert::DataFiles(files)),
+        Op::Insert(Insert::column_mappings(&maps)),
+        Op::Insert(Insert::name_mappings(&names)),
+        Op::Insert(Insert::data_files(&files)),
     ]);
     let violations = rejected(&catalog, &commit).await;
     assert_eq!(
@@ -572,7 +573,7 @@ pub async fn end_transition_and_hard_deletes_of_data_files(backend: Backend) {
     files[0].end_snapshot = Some(3); // already ended: the transition leaves it alone
     commit_ok(
         &catalog,
-        &batch([Op::Insert(Insert::DataFiles(files.clone()))]),
+        &batch([Op::Insert(Insert::data_files(&files.clone()))]),
     )
     .await;
 
@@ -628,7 +629,7 @@ pub async fn end_transition_and_hard_deletes_of_data_files(backend: Backend) {
     // A deleted id is free again; the index forgot it too.
     commit_ok(
         &catalog,
-        &batch([Op::Insert(Insert::DataFiles(vec![file(10, 2, None)]))]),
+        &batch([Op::Insert(Insert::data_files(&[file(10, 2, None)]))]),
     )
     .await;
 }
@@ -650,10 +651,10 @@ pub async fn concurrent_creates_have_one_winner_per_key(backend: Backend) {
                     names.extend(rows);
                 }
                 let commit = batch([
-                    Op::Insert(Insert::ColumnMappings(
-                        ids.iter().map(|id| mapping(*id, 1)).collect(),
+                    Op::Insert(Insert::column_mappings(
+                        &ids.iter().map(|id| mapping(*id, 1)).collect::<Vec<_>>(),
                     )),
-                    Op::Insert(Insert::NameMappings(names)),
+                    Op::Insert(Insert::name_mappings(&names)),
                 ]);
                 (writer, ids, commit_batch(&catalog, &commit).await)
             })

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::model::{ColumnMappingRow, DataFileId, DataFileRow, NameMappingRow};
+use crate::model::{
+    CatalogTable, Cell, ColumnMappingRow, DataFileId, DataFileRow, NameMappingRow, SqlType,
+};
 use crate::write::{Delete, EndTarget, Insert, Op, StagedBatch, Update};
 
 /// One DuckLake commit of a dump, as a staged batch.
@@ -27,38 +29,39 @@ fn bad(reason: String) -> Error {
     Error::InvalidRequest { reason }
 }
 
-fn cell<T>(
-    row: &[Value],
-    i: usize,
-    table: &str,
-    read: impl Fn(&Value) -> Option<T>,
-) -> Result<Option<T>> {
-    let value = row.get(i).ok_or_else(|| {
-        bad(format!(
-            "{table} row has {} values, expected more",
-            row.len()
-        ))
-    })?;
-    if value.is_null() {
-        return Ok(None);
+/// A row of `table` from a dump's JSON array, column by column in DuckLake's order.
+fn row_of<'a, R>(
+    table: CatalogTable,
+    row: &'a [Value],
+    from_cells: impl FnOnce(Vec<Cell<'a>>) -> Option<R>,
+) -> Result<R> {
+    let columns = table.columns();
+    if row.len() < columns.len() {
+        return Err(bad(format!(
+            "{table} row has {} values, expected {}",
+            row.len(),
+            columns.len()
+        )));
     }
-    read(value).map(Some).ok_or_else(|| {
-        bad(format!(
-            "{table} column {i} has an unexpected value {value}"
-        ))
-    })
-}
-
-fn int(row: &[Value], i: usize, table: &str) -> Result<Option<i64>> {
-    cell(row, i, table, Value::as_i64)
-}
-
-fn text(row: &[Value], i: usize, table: &str) -> Result<Option<String>> {
-    cell(row, i, table, |v| v.as_str().map(str::to_owned))
-}
-
-fn boolean(row: &[Value], i: usize, table: &str) -> Result<Option<bool>> {
-    cell(row, i, table, Value::as_bool)
+    let cells = columns
+        .iter()
+        .zip(row)
+        .map(|(column, value)| {
+            let cell = match (column.ty, value) {
+                (_, Value::Null) => Some(Cell::Null),
+                (SqlType::BigInt, value) => value.as_i64().map(Cell::BigInt),
+                (SqlType::Varchar, value) => value.as_str().map(Cell::Varchar),
+                (SqlType::Boolean, value) => value.as_bool().map(Cell::Boolean),
+            };
+            cell.ok_or_else(|| {
+                bad(format!(
+                    "{table} column {} is {}, got {value}",
+                    column.name, column.ty
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    from_cells(cells).ok_or_else(|| bad(format!("{table} row does not convert")))
 }
 
 /// A `ducklake_column_mapping` row of a dump.
@@ -66,12 +69,11 @@ fn boolean(row: &[Value], i: usize, table: &str) -> Result<Option<bool>> {
 /// # Errors
 /// [`Error::InvalidRequest`] for a row of the wrong shape.
 pub fn column_mapping_row(row: &[Value]) -> Result<ColumnMappingRow> {
-    let t = "ducklake_column_mapping";
-    Ok(ColumnMappingRow {
-        mapping_id: int(row, 0, t)?,
-        table_id: int(row, 1, t)?,
-        map_type: text(row, 2, t)?,
-    })
+    row_of(
+        CatalogTable::ColumnMapping,
+        row,
+        ColumnMappingRow::from_cells,
+    )
 }
 
 /// A `ducklake_name_mapping` row of a dump.
@@ -79,15 +81,7 @@ pub fn column_mapping_row(row: &[Value]) -> Result<ColumnMappingRow> {
 /// # Errors
 /// [`Error::InvalidRequest`] for a row of the wrong shape.
 pub fn name_mapping_row(row: &[Value]) -> Result<NameMappingRow> {
-    let t = "ducklake_name_mapping";
-    Ok(NameMappingRow {
-        mapping_id: int(row, 0, t)?,
-        column_id: int(row, 1, t)?,
-        source_name: text(row, 2, t)?,
-        target_field_id: int(row, 3, t)?,
-        parent_column: int(row, 4, t)?,
-        is_partition: boolean(row, 5, t)?,
-    })
+    row_of(CatalogTable::NameMapping, row, NameMappingRow::from_cells)
 }
 
 /// A `ducklake_data_file` row of a dump.
@@ -95,25 +89,7 @@ pub fn name_mapping_row(row: &[Value]) -> Result<NameMappingRow> {
 /// # Errors
 /// [`Error::InvalidRequest`] for a row of the wrong shape.
 pub fn data_file_row(row: &[Value]) -> Result<DataFileRow> {
-    let t = "ducklake_data_file";
-    Ok(DataFileRow {
-        data_file_id: int(row, 0, t)?,
-        table_id: int(row, 1, t)?,
-        begin_snapshot: int(row, 2, t)?,
-        end_snapshot: int(row, 3, t)?,
-        file_order: int(row, 4, t)?,
-        path: text(row, 5, t)?,
-        path_is_relative: boolean(row, 6, t)?,
-        file_format: text(row, 7, t)?,
-        record_count: int(row, 8, t)?,
-        file_size_bytes: int(row, 9, t)?,
-        footer_size: int(row, 10, t)?,
-        row_id_start: int(row, 11, t)?,
-        partition_id: int(row, 12, t)?,
-        encryption_key: text(row, 13, t)?,
-        partial_file_info: text(row, 14, t)?,
-        mapping_id: int(row, 15, t)?,
-    })
+    row_of(CatalogTable::DataFile, row, DataFileRow::from_cells)
 }
 
 /// The `which` (`"added"` or `"removed"`) rows of `table` in one commit of a dump.
@@ -216,10 +192,10 @@ fn commit_of(name: &str, step: &Value) -> Result<StagedBatch> {
         )));
     }
     if !mappings.is_empty() {
-        batch.push(Op::Insert(Insert::ColumnMappings(mappings)));
+        batch.push(Op::Insert(Insert::column_mappings(&mappings)));
     }
     if !names.is_empty() {
-        batch.push(Op::Insert(Insert::NameMappings(names)));
+        batch.push(Op::Insert(Insert::name_mappings(&names)));
     }
     for (end_snapshot, ids) in ends {
         batch.push(Op::Update(Update::EndDataFiles {
@@ -228,7 +204,7 @@ fn commit_of(name: &str, step: &Value) -> Result<StagedBatch> {
         }));
     }
     if !new_files.is_empty() {
-        batch.push(Op::Insert(Insert::DataFiles(new_files)));
+        batch.push(Op::Insert(Insert::data_files(&new_files)));
     }
     Ok(batch)
 }

@@ -28,12 +28,14 @@
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
 
+pub mod batch;
 pub mod catalog;
 pub mod codec;
 pub mod config;
 pub mod error;
 pub mod flight;
 pub mod import;
+mod key_range;
 pub mod kv;
 pub mod model;
 pub mod query;

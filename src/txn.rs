@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::error::{Error, Result};
-use crate::write::{CommitReport, Evaluation, Op, StagedBatch, ValidationError, evaluate};
+use futures::{Stream, StreamExt as _};
+
+use crate::write::{CommitReport, Op, Staging, ValidationError};
 
 /// Limits and timeouts of transactions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +32,8 @@ pub struct TxnConfig {
     pub idle_timeout: Duration,
     /// Most rows one transaction may stage.
     pub max_rows: u64,
-    /// Most bytes (estimated) one transaction may stage.
+    /// Most bytes one transaction may hold staged: its records and their bookkeeping, as
+    /// allocated.
     pub max_bytes: u64,
 }
 
@@ -168,15 +171,10 @@ impl Registry {
 
 /// One open transaction's state.
 struct Txn {
-    staged: StagedBatch,
-    /// The snapshot the transaction reads, taken at its first staged change.
-    base: Option<CatalogSnapshot>,
-    /// The staged batch evaluated against `base`, kept current with every change.
-    evaluation: Option<Evaluation>,
-    /// `base` with the evaluation's writes laid over it, built on the first read after a change.
-    view: Option<CatalogSnapshot>,
+    /// The staged changes, over the snapshot the transaction reads, from its first change on.
+    staging: Option<Staging>,
+    /// Rows staged (a delete or update counts one).
     rows: u64,
-    bytes: u64,
     /// Set once committed, rolled back or expired: a call that was waiting on the lock must
     /// not use it.
     done: bool,
@@ -185,10 +183,7 @@ struct Txn {
 impl Txn {
     fn discard(&mut self) {
         self.done = true;
-        self.staged = StagedBatch::new();
-        self.base = None;
-        self.evaluation = None;
-        self.view = None;
+        self.staging = None;
     }
 }
 
@@ -270,12 +265,8 @@ impl Transactions {
             id.clone(),
             Open {
                 txn: Arc::new(tokio::sync::Mutex::new(Txn {
-                    staged: StagedBatch::new(),
-                    base: None,
-                    evaluation: None,
-                    view: None,
+                    staging: None,
                     rows: 0,
-                    bytes: 0,
                     done: false,
                 })),
                 last_used: now,
@@ -362,6 +353,23 @@ impl Transactions {
     /// [`Error::Validation`] when the change breaks a constraint no later change can mend.
     /// After an error the transaction is as it was.
     pub async fn stage(&self, id: &TxnId, ops: Vec<Op>) -> Result<u64> {
+        self.stage_stream(id, futures::stream::once(async { Ok(ops) }))
+            .await
+    }
+
+    /// Stages the changes of one request as they arrive (the batches of an upload, each
+    /// decoded into changes), all or none: each batch is staged, and checked against the
+    /// limits, before the next is read, so a request over a limit is refused without being
+    /// buffered first. Returns the rows affected.
+    ///
+    /// # Errors
+    /// As [`stage`](Self::stage), and whatever error the stream yields. After an error the
+    /// transaction is as it was.
+    pub async fn stage_stream(
+        &self,
+        id: &TxnId,
+        ops: impl Stream<Item = Result<Vec<Op>>> + Send,
+    ) -> Result<u64> {
         let handle = self.open(id)?;
         let mut txn = handle.lock().await;
         if txn.done {
@@ -373,70 +381,72 @@ impl Transactions {
         result
     }
 
-    async fn stage_locked(&self, txn: &mut Txn, ops: Vec<Op>) -> Result<u64> {
-        let (rows, bytes) = ops
-            .iter()
-            .map(Op::staged_size)
-            .fold((0, 0), |(r, b), (or, ob)| (r + or, b + ob));
-        let count = ops.len();
-        if txn.rows + rows > self.config.max_rows {
-            return Err(Error::LimitExceeded {
-                what: format!(
-                    "transaction would stage {} rows, over its limit of {} (serve --txn-max-rows); nothing of this request was staged",
-                    txn.rows + rows,
-                    self.config.max_rows
-                ),
-            });
-        }
-        if txn.bytes + bytes > self.config.max_bytes {
-            return Err(Error::LimitExceeded {
-                what: format!(
-                    "transaction would stage about {} bytes, over its limit of {} (serve --txn-max-bytes); nothing of this request was staged",
-                    txn.bytes + bytes,
-                    self.config.max_bytes
-                ),
-            });
-        }
-        let base = if let Some(base) = &txn.base {
-            base.clone()
-        } else {
-            let base = self.catalog.snapshot().await?;
-            txn.base = Some(base.clone());
-            base
+    async fn stage_locked(
+        &self,
+        txn: &mut Txn,
+        ops: impl Stream<Item = Result<Vec<Op>>> + Send,
+    ) -> Result<u64> {
+        let Txn { staging, rows, .. } = txn;
+        let staging = match staging {
+            Some(staging) => staging,
+            None => staging.insert(Staging::new(self.catalog.snapshot().await?)),
         };
-        for op in ops {
-            txn.staged.push(op);
+        staging.begin_request();
+        let mut staged_rows = *rows;
+        let result = self
+            .apply_stream(staging, &mut staged_rows, ops, true)
+            .await
+            .map(|(affected, _)| affected);
+        staging.end_request(result.is_ok());
+        if result.is_ok() {
+            *rows = staged_rows;
         }
-        let unstage = |txn: &mut Txn| {
-            for _ in 0..count {
-                txn.staged.pop();
+        result
+    }
+
+    /// Applies a request's changes to `staging`, checking the limits after each. With
+    /// `refuse_at_once`, a final violation fails the request there; without, every final
+    /// violation of the request is collected and returned with the rows affected.
+    async fn apply_stream(
+        &self,
+        staging: &mut Staging,
+        rows: &mut u64,
+        ops: impl Stream<Item = Result<Vec<Op>>> + Send,
+        refuse_at_once: bool,
+    ) -> Result<(u64, Vec<crate::write::Violation>)> {
+        let mut ops = std::pin::pin!(ops);
+        let mut affected = 0;
+        let mut violations = Vec::new();
+        while let Some(batch) = ops.next().await {
+            for op in batch? {
+                *rows += match &op {
+                    Op::Insert(insert) => insert.len() as u64,
+                    Op::Delete(_) | Op::Update(_) => 1,
+                };
+                if *rows > self.config.max_rows {
+                    return Err(Error::LimitExceeded {
+                        what: format!(
+                            "transaction would stage more than {} rows, its limit (serve --txn-max-rows); nothing of this request was staged",
+                            self.config.max_rows
+                        ),
+                    });
+                }
+                affected += staging.apply(&op, &mut violations).await?;
+                if refuse_at_once && !violations.is_empty() {
+                    return Err(Error::Validation(ValidationError { violations }));
+                }
+                let memory = staging.memory();
+                if memory > self.config.max_bytes {
+                    return Err(Error::LimitExceeded {
+                        what: format!(
+                            "transaction would hold {memory} bytes staged, over its limit of {} (serve --txn-max-bytes); nothing of this request was staged",
+                            self.config.max_bytes
+                        ),
+                    });
+                }
             }
-        };
-        let evaluation = match evaluate(&base, &txn.staged).await {
-            Ok(evaluation) => evaluation,
-            Err(err) => {
-                unstage(txn);
-                return Err(err);
-            }
-        };
-        let refused: Vec<_> = evaluation
-            .violations
-            .iter()
-            .filter(|v| !v.is_pending())
-            .cloned()
-            .collect();
-        if !refused.is_empty() {
-            unstage(txn);
-            return Err(Error::Validation(ValidationError {
-                violations: refused,
-            }));
         }
-        let affected = evaluation.plan.affected.iter().rev().take(count).sum();
-        txn.rows += rows;
-        txn.bytes += bytes;
-        txn.evaluation = Some(evaluation);
-        txn.view = None;
-        Ok(affected)
+        Ok((affected, violations))
     }
 
     /// What transaction `id` reads: its base snapshot with its staged changes, or a fresh
@@ -446,19 +456,14 @@ impl Transactions {
     /// [`Error::TransactionNotOpen`]; store errors taking a snapshot.
     pub async fn view(&self, id: &TxnId) -> Result<CatalogSnapshot> {
         let handle = self.open(id)?;
-        let mut txn = handle.lock().await;
+        let txn = handle.lock().await;
         if txn.done {
             return Err(self.not_open(id, None));
         }
-        if let Some(view) = &txn.view {
-            return Ok(view.clone());
+        match &txn.staging {
+            Some(staging) => Ok(staging.view()),
+            None => self.catalog.snapshot().await,
         }
-        let view = match (&txn.base, &txn.evaluation) {
-            (Some(base), Some(evaluation)) => base.overlaid(&evaluation.plan.writes),
-            _ => return self.catalog.snapshot().await,
-        };
-        txn.view = Some(view.clone());
-        Ok(view)
     }
 
     /// Commits transaction `id`: all of its staged changes atomically, or nothing.
@@ -480,7 +485,13 @@ impl Transactions {
             }
         };
         let mut txn = handle.lock().await;
-        let outcome = self.commit_locked(&mut txn).await;
+        let outcome = match txn.staging.take() {
+            Some(staging) => crate::write::commit::commit(&self.catalog, staging).await,
+            None => Ok(CommitReport {
+                affected: Vec::new(),
+                summary: crate::write::PlanSummary::default(),
+            }),
+        };
         txn.discard();
         if outcome.is_err()
             && let Some(ended) = self.registry().ended.get_mut(id)
@@ -488,17 +499,6 @@ impl Transactions {
             ended.how = Ending::Failed;
         }
         outcome
-    }
-
-    async fn commit_locked(&self, txn: &mut Txn) -> Result<CommitReport> {
-        let (Some(_), Some(evaluation)) = (txn.base.take(), txn.evaluation.take()) else {
-            return Ok(CommitReport {
-                affected: Vec::new(),
-                summary: crate::write::plan::PlanSummary::default(),
-            });
-        };
-        let plan = evaluation.into_plan()?;
-        crate::write::commit::apply(&self.catalog, plan).await
     }
 
     /// Rolls back transaction `id`. Rolling back a transaction that already rolled back, or
@@ -533,14 +533,37 @@ impl Transactions {
         ops: Vec<Op>,
         base: Option<CatalogSnapshot>,
     ) -> Result<CommitReport> {
-        let mut batch = StagedBatch::new();
-        for op in ops {
-            batch.push(op);
+        self.autocommit_stream(futures::stream::once(async { Ok(ops) }), base, || Ok(()))
+            .await
+    }
+
+    /// Runs the changes of one request, as they arrive, as a transaction of their own, under
+    /// the same staging limits as a transaction. Once the changes have all arrived,
+    /// `before_commit` may still refuse the commit (an upload without its commit marker).
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit), [`Error::LimitExceeded`], and `before_commit`'s error.
+    pub async fn autocommit_stream(
+        &self,
+        ops: impl Stream<Item = Result<Vec<Op>>> + Send,
+        base: Option<CatalogSnapshot>,
+        before_commit: impl FnOnce() -> Result<()> + Send,
+    ) -> Result<CommitReport> {
+        let base = match base {
+            Some(base) => base,
+            None => self.catalog.snapshot().await?,
+        };
+        let mut staging = Staging::new(base);
+        let mut rows = 0;
+        let (_, mut violations) = self
+            .apply_stream(&mut staging, &mut rows, ops, false)
+            .await?;
+        before_commit()?;
+        if !violations.is_empty() {
+            violations.extend(staging.pending());
+            return Err(Error::Validation(ValidationError { violations }));
         }
-        match base {
-            Some(base) => crate::write::commit::commit_batch_at(&self.catalog, &base, &batch).await,
-            None => crate::write::commit_batch(&self.catalog, &batch).await,
-        }
+        crate::write::commit::commit(&self.catalog, staging).await
     }
 }
 
@@ -561,12 +584,12 @@ mod tests {
 
     fn mapping(id: i64) -> Vec<Op> {
         vec![
-            Op::Insert(Insert::ColumnMappings(vec![ColumnMappingRow {
+            Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
                 mapping_id: Some(id),
                 table_id: Some(1),
                 map_type: Some("map_by_name".into()),
             }])),
-            Op::Insert(Insert::NameMappings(vec![NameMappingRow {
+            Op::Insert(Insert::name_mappings(&[NameMappingRow {
                 mapping_id: Some(id),
                 column_id: Some(0),
                 source_name: Some("id".into()),

@@ -1,17 +1,34 @@
-//! Snapshot reads of the catalog's records: point gets, index look-ups and paged range scans,
-//! decoded and checked against their keys.
+//! Snapshot reads of the catalog's records: point gets, index look-ups and paged range scans.
 //!
-//! This is the one place that turns stored pairs into [`ColumnMapping`]s and [`DataFile`]s; it
-//! never writes. A value whose ids disagree with its key is corruption, reported as such.
+//! This is the one place that knows how records are found: a table's rows by key range, rows
+//! by id through the id indexes, and rows in id order across tables. It never writes. Records
+//! leave as [`Page`]s of stored pairs; [`check_mapping`] and [`check_data_file`] read a pair in
+//! place and check it against its key (a value whose ids disagree with its key is
+//! corruption, reported as such).
 
+use std::collections::HashMap;
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 
-use futures::stream::{BoxStream, StreamExt as _};
+use futures::stream::{self, BoxStream, StreamExt as _};
 
-use crate::codec::{CodecError, Keyspace, Kind, RowKey, decode_data_file, decode_mapping};
+use crate::codec::{
+    CodecError, DataFileRecord, Keyspace, Kind, MappingRecord, RowKey, decode_mapping, hex,
+    read_data_file, read_mapping,
+};
 use crate::error::Result;
-use crate::kv::{KeyRange, KvPair, PageSize, Snapshot, Store, WriteSet};
-use crate::model::{ColumnMapping, DataFile, DataFileId, MappingId, TableId};
+use crate::kv::{KeyRange, Page, PageSize, Snapshot, StagedWrites, Store};
+use crate::model::{ColumnMapping, MappingId, TableId};
+
+/// Index entries read per page when rows are read in id order.
+const ID_ORDER_PAGE: PageSize = PageSize {
+    rows: 8192,
+    bytes: 4 << 20,
+};
+
+/// Runs of consecutive ids shorter than this are looked up one range each; a sparser set is
+/// read as one span of the index.
+const DENSE_SPAN_FACTOR: i64 = 4;
 
 /// The catalog: a store and the keyspace of one deployment in it.
 #[derive(Debug, Clone)]
@@ -60,9 +77,9 @@ pub struct CatalogSnapshot {
 
 impl CatalogSnapshot {
     /// This view with `writes` applied, uncommitted: a transaction's view of its own staged
-    /// changes.
+    /// changes. Shares `writes`; copies nothing.
     #[must_use]
-    pub fn overlaid(&self, writes: &WriteSet) -> CatalogSnapshot {
+    pub fn overlaid(&self, writes: Arc<StagedWrites>) -> CatalogSnapshot {
         CatalogSnapshot {
             snapshot: self.snapshot.overlaid(writes),
             keyspace: self.keyspace.clone(),
@@ -75,7 +92,13 @@ impl CatalogSnapshot {
         &self.keyspace
     }
 
-    /// Mapping `mapping_id` of table `table_id`.
+    /// The store view underneath.
+    #[must_use]
+    pub fn kv(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// Mapping `mapping_id` of table `table_id`, decoded.
     ///
     /// # Errors
     /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
@@ -86,249 +109,213 @@ impl CatalogSnapshot {
     ) -> Result<Option<ColumnMapping>> {
         let key = self.keyspace.mapping_key(table_id, mapping_id);
         match self.snapshot.get(&key).await? {
-            Some(value) => Ok(Some(decode_mapping_at(&self.keyspace, &key, &value)?)),
+            Some(value) => {
+                check_mapping(&self.keyspace, &key, &value)?;
+                Ok(Some(decode_mapping(&value)?))
+            }
             None => Ok(None),
         }
     }
 
-    /// Whether each mapping `(table_id, mapping_id)` exists, in the same order; one batch read.
-    ///
-    /// # Errors
-    /// [`Error::Kv`](crate::Error::Kv).
-    pub async fn mappings_exist(&self, keys: &[(TableId, MappingId)]) -> Result<Vec<bool>> {
-        let keys: Vec<Vec<u8>> = keys
-            .iter()
-            .map(|(table_id, mapping_id)| self.keyspace.mapping_key(*table_id, *mapping_id))
-            .collect();
-        Ok(self
-            .snapshot
-            .batch_get(&keys)
-            .await?
-            .iter()
-            .map(Option::is_some)
-            .collect())
-    }
-
-    /// The rows that index `kind` lists for `ids`. Ids are looked up in runs of consecutive
-    /// ids, one index range each.
+    /// The rows that index `index` lists for `ids` (sorted, without duplicates), in id order.
+    /// Dense ids are read as one span of the index; sparse ones as one short range each, in
+    /// one round trip.
     ///
     /// # Errors
     /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
-    pub async fn index_lookup(
-        &self,
-        kind: Kind,
-        ids: impl IntoIterator<Item = i64>,
-    ) -> Result<Vec<RowKey>> {
-        let mut sorted: Vec<i64> = ids.into_iter().collect();
-        sorted.sort_unstable();
-        sorted.dedup();
-        let mut rows = Vec::new();
-        for run in runs(&sorted) {
-            rows.extend(self.index_entries(kind, run).await?);
+    pub async fn index_rows(&self, index: Kind, ids: &[i64]) -> Result<Vec<RowKey>> {
+        let (Some(&first), Some(&last)) = (ids.first(), ids.last()) else {
+            return Ok(Vec::new());
+        };
+        let count = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+        let span = last.saturating_sub(first).saturating_add(1);
+        if span <= count.saturating_mul(DENSE_SPAN_FACTOR) {
+            let rows = self.index_entries(index, first..=last).await?;
+            return Ok(rows
+                .into_iter()
+                .filter(|row| ids.binary_search(&row.id).is_ok())
+                .collect());
         }
-        Ok(rows)
-    }
-
-    /// The data files with these ids, found through the `data_file_id` index.
-    ///
-    /// # Errors
-    /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
-    pub async fn data_files_by_id(&self, ids: &[DataFileId]) -> Result<Vec<DataFile>> {
-        let rows = self
-            .index_lookup(Kind::DataFileById, ids.iter().map(|id| id.0))
-            .await?;
-        self.data_files_at(&rows).await
-    }
-
-    /// The data files whose ids lie in `ids`, through the `data_file_id` index.
-    ///
-    /// # Errors
-    /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
-    pub async fn data_files_in_id_range(&self, ids: RangeInclusive<i64>) -> Result<Vec<DataFile>> {
-        let rows = self.index_entries(Kind::DataFileById, ids).await?;
-        self.data_files_at(&rows).await
-    }
-
-    /// The rows that index `kind` lists for the row ids `ids`, in id order.
-    ///
-    /// # Errors
-    /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
-    pub async fn index_entries(&self, kind: Kind, ids: RangeInclusive<i64>) -> Result<Vec<RowKey>> {
-        let range = self.keyspace.id_span(kind, ids);
-        let mut pages = self.snapshot.scan(range);
+        let runs = runs(ids);
+        let ranges: Vec<KeyRange> = runs
+            .iter()
+            .map(|run| self.keyspace.id_span(index, run.clone()))
+            .collect();
         let mut rows = Vec::new();
-        while let Some(page) = pages.next().await {
-            for pair in page? {
-                let index = self.keyspace.decode(&pair.key)?;
-                rows.push(RowKey {
-                    kind: kind.counterpart(),
-                    ..index
-                });
+        // Each run's entries: at most one per table of each id, so a page of a few per id
+        // holds them; a longer run is read on.
+        for (range, page) in ranges.iter().zip(
+            self.snapshot
+                .first_pages(&ranges, PageSize::rows(64))
+                .await?,
+        ) {
+            let exhausted = page.is_exhausted();
+            rows.extend(self.index_page_rows(index, &page)?);
+            if !exhausted && let Some(last) = page.last_key() {
+                let rest = range.after(last);
+                let mut pages = self.snapshot.scan(rest);
+                while let Some(page) = pages.next().await {
+                    rows.extend(self.index_page_rows(index, &page?)?);
+                }
             }
         }
         Ok(rows)
     }
 
-    async fn data_files_at(&self, rows: &[RowKey]) -> Result<Vec<DataFile>> {
-        let keys: Vec<Vec<u8>> = rows
-            .iter()
-            .map(|row| self.keyspace.row_key(Kind::DataFile, row.table_id, row.id))
-            .collect();
-        let values = self.snapshot.batch_get(&keys).await?;
-        let mut files = Vec::with_capacity(keys.len());
-        for (key, value) in keys.iter().zip(values) {
-            let value = value.ok_or_else(|| CodecError::DanglingIndexEntry {
-                key: crate::codec::hex(key),
-            })?;
-            files.push(decode_data_file_at(&self.keyspace, key, &value)?);
-        }
-        Ok(files)
-    }
-
-    /// Streams the mapping records in `ranges` (ranges of [`Kind::Mapping`]), one page of
-    /// records per item, in key order. Nothing is read before the consumer asks.
-    #[must_use]
-    pub fn mappings(
-        &self,
-        ranges: Vec<KeyRange>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<ColumnMapping>>> {
-        decoded(
-            self.keyspace.clone(),
-            self.pages(ranges, page),
-            decode_mapping_at,
-        )
-    }
-
-    /// Streams the keys of the mapping records in `ranges`, decoded, without decoding values.
-    #[must_use]
-    pub fn mapping_keys(
-        &self,
-        ranges: Vec<KeyRange>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<RowKey>>> {
-        decoded(
-            self.keyspace.clone(),
-            self.pages(ranges, page),
-            |keyspace, key, _| Ok(keyspace.decode(key)?),
-        )
-    }
-
-    /// Streams the data-file records in `ranges` (ranges of [`Kind::DataFile`]), one page per
-    /// item, in key order.
-    #[must_use]
-    pub fn data_files(
-        &self,
-        ranges: Vec<KeyRange>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<DataFile>>> {
-        decoded(
-            self.keyspace.clone(),
-            self.pages(ranges, page),
-            decode_data_file_at,
-        )
-    }
-
-    /// Streams the mapping records whose `mapping_id` lies in `ids`, through the `mapping_id`
-    /// index, in `mapping_id` order, one page per item.
-    #[must_use]
-    pub fn mappings_by_id(
-        &self,
-        ids: Vec<RangeInclusive<i64>>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<ColumnMapping>>> {
-        decoded(
-            self.keyspace.clone(),
-            self.pages_via_index(Kind::MappingById, ids, page),
-            decode_mapping_at,
-        )
-    }
-
-    /// Streams the data-file records whose `data_file_id` lies in `ids`, through the
-    /// `data_file_id` index, in id order, one page per item.
-    #[must_use]
-    pub fn data_files_by_id_ranges(
-        &self,
-        ids: Vec<RangeInclusive<i64>>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<DataFile>>> {
-        decoded(
-            self.keyspace.clone(),
-            self.pages_via_index(Kind::DataFileById, ids, page),
-            decode_data_file_at,
-        )
-    }
-
-    /// Pages of the rows an index lists for `ids`: each index page, then one batch read of its
-    /// rows.
-    fn pages_via_index(
+    /// The rows that index `index` lists for the row ids `ids`, in id order.
+    ///
+    /// # Errors
+    /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
+    pub async fn index_entries(
         &self,
         index: Kind,
-        ids: Vec<RangeInclusive<i64>>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<KvPair>>> {
-        let ranges = ids
-            .into_iter()
-            .map(|ids| self.keyspace.id_span(index, ids))
-            .collect();
-        let keyspace = self.keyspace.clone();
-        let snapshot = self.snapshot.clone();
-        // Two pages in flight: the next page's records are read while this one is consumed.
-        self.pages(ranges, page)
-            .map(move |entries| {
-                let keyspace = keyspace.clone();
-                let snapshot = snapshot.clone();
-                async move {
-                    let mut keys = Vec::new();
-                    for entry in entries? {
-                        let row = keyspace.decode(&entry.key)?;
-                        keys.push(keyspace.row_key(index.counterpart(), row.table_id, row.id));
-                    }
-                    let values = snapshot.batch_get(&keys).await?;
-                    keys.into_iter()
-                        .zip(values)
-                        .map(|(key, value)| match value {
-                            Some(value) => Ok(KvPair { key, value }),
-                            None => Err(CodecError::DanglingIndexEntry {
-                                key: crate::codec::hex(&key),
-                            }
-                            .into()),
-                        })
-                        .collect()
-                }
-            })
-            .buffered(2)
-            .boxed()
+        ids: RangeInclusive<i64>,
+    ) -> Result<Vec<RowKey>> {
+        let range = self.keyspace.id_span(index, ids);
+        let mut pages = self.snapshot.scan_pages(range, ID_ORDER_PAGE);
+        let mut rows = Vec::new();
+        while let Some(page) = pages.next().await {
+            rows.extend(self.index_page_rows(index, &page?)?);
+        }
+        Ok(rows)
     }
 
-    /// The raw pages of several ranges, one range after another.
-    fn pages(
-        &self,
-        ranges: Vec<KeyRange>,
-        page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<KvPair>>> {
+    fn index_page_rows(&self, index: Kind, page: &Page) -> Result<Vec<RowKey>> {
+        page.iter()
+            .map(|(key, _)| {
+                let entry = self.keyspace.decode(key)?;
+                Ok(RowKey {
+                    kind: index.counterpart(),
+                    ..entry
+                })
+            })
+            .collect()
+    }
+
+    /// The stored values of `keys`, in the same order.
+    ///
+    /// # Errors
+    /// [`Error::Kv`](crate::Error::Kv).
+    pub async fn values(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        Ok(self.snapshot.batch_get(keys).await?)
+    }
+
+    /// Streams the pairs of `ranges`, one range after another, one page per item. Nothing is
+    /// read before the consumer asks.
+    #[must_use]
+    pub fn pages(&self, ranges: Vec<KeyRange>, page: PageSize) -> BoxStream<'static, Result<Page>> {
         let snapshot = self.snapshot.clone();
-        futures::stream::iter(ranges)
+        stream::iter(ranges)
             .flat_map(move |range| snapshot.scan_pages(range, page))
             .map(|page| page.map_err(Into::into))
             .boxed()
     }
+
+    /// Streams the rows of row kind `kind` whose ids lie in `ids`, in id order (then table
+    /// order), one page per item, optionally only those of tables `keep`.
+    ///
+    /// The id index gives the order; the rows themselves are read as ranges of their tables:
+    /// the entries of one index page that fall in one table are consecutive rows of that
+    /// table, so each table of the page is one short range read, all of them in one round
+    /// trip, with the next page's reads in flight while this one is consumed.
+    #[must_use]
+    pub fn pages_in_id_order(
+        &self,
+        kind: Kind,
+        ids: Vec<RangeInclusive<i64>>,
+        keep: Option<Arc<dyn Fn(TableId) -> bool + Send + Sync>>,
+    ) -> BoxStream<'static, Result<Page>> {
+        let index = kind.counterpart();
+        let ranges = ids
+            .into_iter()
+            .map(|ids| self.keyspace.id_span(index, ids))
+            .collect();
+        let this = self.clone();
+        self.pages(ranges, ID_ORDER_PAGE)
+            .map(move |entries| {
+                let this = this.clone();
+                let keep = keep.clone();
+                async move {
+                    this.rows_of_index_page(kind, &entries?, keep.as_deref())
+                        .await
+                }
+            })
+            .buffered(2)
+            .filter(|page| futures::future::ready(!matches!(page, Ok(p) if p.is_empty())))
+            .boxed()
+    }
+
+    /// The rows an index page lists, in the page's order.
+    async fn rows_of_index_page(
+        &self,
+        kind: Kind,
+        entries: &Page,
+        keep: Option<&(dyn Fn(TableId) -> bool + Send + Sync)>,
+    ) -> Result<Page> {
+        // Per table: the ids the page lists for it, in order.
+        let mut tables: Vec<(TableId, Vec<i64>)> = Vec::new();
+        let mut slot_of: HashMap<TableId, usize> = HashMap::new();
+        let mut order: Vec<usize> = Vec::with_capacity(entries.len());
+        for (key, _) in entries.iter() {
+            let entry = self.keyspace.decode(key)?;
+            if keep.is_some_and(|keep| !keep(entry.table_id)) {
+                continue;
+            }
+            let slot = *slot_of.entry(entry.table_id).or_insert_with(|| {
+                tables.push((entry.table_id, Vec::new()));
+                tables.len() - 1
+            });
+            if let Some((_, ids)) = tables.get_mut(slot) {
+                ids.push(entry.id);
+            }
+            order.push(slot);
+        }
+        let ranges: Vec<KeyRange> = tables
+            .iter()
+            .map(|(table, ids)| {
+                let first = ids.first().copied().unwrap_or_default();
+                let last = ids.last().copied().unwrap_or_default();
+                self.keyspace.row_span(kind, *table, first..=last)
+            })
+            .collect();
+        let mut pages = Vec::with_capacity(ranges.len());
+        for (chunk, tables) in ranges.chunks(4096).zip(tables.chunks(4096)) {
+            let rows = tables.iter().map(|(_, ids)| ids.len()).max().unwrap_or(1);
+            let found = self
+                .snapshot
+                .first_pages(
+                    chunk,
+                    PageSize {
+                        rows,
+                        bytes: usize::MAX,
+                    },
+                )
+                .await?;
+            pages.extend(found);
+        }
+        let mut out = Page::with_capacity(order.len(), pages.iter().map(Page::bytes).sum());
+        let mut next = vec![0_usize; tables.len()];
+        for slot in order {
+            let (table, ids) = tables.get(slot).ok_or_else(|| mismatch(&[]))?;
+            let position = next.get_mut(slot).ok_or_else(|| mismatch(&[]))?;
+            let id = ids.get(*position).copied().unwrap_or_default();
+            let expected = self.keyspace.row_key(kind, *table, id);
+            let (key, value) = pages
+                .get(slot)
+                .and_then(|page| page.get(*position))
+                .filter(|(key, _)| *key == expected.as_slice())
+                .ok_or_else(|| mismatch(&expected))?;
+            out.push(key, value);
+            *position += 1;
+        }
+        Ok(out)
+    }
 }
 
-/// Decodes every pair of every page with `decode`.
-fn decoded<T: Send + 'static>(
-    keyspace: Keyspace,
-    pages: BoxStream<'static, Result<Vec<KvPair>>>,
-    decode: fn(&Keyspace, &[u8], &[u8]) -> Result<T>,
-) -> BoxStream<'static, Result<Vec<T>>> {
-    pages
-        .map(move |pairs| {
-            pairs?
-                .iter()
-                .map(|pair| decode(&keyspace, &pair.key, &pair.value))
-                .collect()
-        })
-        .boxed()
+/// The index and the rows disagree: an entry whose row is missing (or a row the index lacks
+/// between two it lists).
+fn mismatch(key: &[u8]) -> crate::Error {
+    CodecError::DanglingIndexEntry { key: hex(key) }.into()
 }
 
 /// Splits sorted, deduplicated ids into runs of consecutive ids.
@@ -343,33 +330,51 @@ fn runs(sorted: &[i64]) -> Vec<RangeInclusive<i64>> {
     out
 }
 
-fn decode_mapping_at(keyspace: &Keyspace, key: &[u8], value: &[u8]) -> Result<ColumnMapping> {
+/// Reads a stored mapping record in place and checks it belongs under `key`.
+///
+/// # Errors
+/// [`Error::Codec`](crate::Error::Codec) for a key or value that does not decode, or a record
+/// stored under another key.
+pub fn check_mapping<'a>(
+    keyspace: &Keyspace,
+    key: &[u8],
+    value: &'a [u8],
+) -> Result<MappingRecord<'a>> {
     let row = keyspace.decode(key)?;
-    let mapping = decode_mapping(value)?;
+    let record = read_mapping(value)?;
+    let head = record.head();
+    check_key(key, row, Kind::Mapping, head.table_id, head.mapping_id)?;
+    Ok(record)
+}
+
+/// Reads a stored data-file record in place and checks it belongs under `key`.
+///
+/// # Errors
+/// As [`check_mapping`].
+pub fn check_data_file<'a>(
+    keyspace: &Keyspace,
+    key: &[u8],
+    value: &'a [u8],
+) -> Result<DataFileRecord<'a>> {
+    let row = keyspace.decode(key)?;
+    let record = read_data_file(value)?;
     check_key(
         key,
         row,
-        Kind::Mapping,
-        mapping.table_id,
-        mapping.mapping_id.0,
+        Kind::DataFile,
+        record.table_id(),
+        record.data_file_id(),
     )?;
-    Ok(mapping)
+    Ok(record)
 }
 
-fn decode_data_file_at(keyspace: &Keyspace, key: &[u8], value: &[u8]) -> Result<DataFile> {
-    let row = keyspace.decode(key)?;
-    let file = decode_data_file(value)?;
-    check_key(key, row, Kind::DataFile, file.table_id, file.data_file_id.0)?;
-    Ok(file)
-}
-
-fn check_key(key: &[u8], row: RowKey, kind: Kind, table_id: TableId, id: i64) -> Result<()> {
-    if row.kind == kind && row.table_id == table_id && row.id == id {
+fn check_key(key: &[u8], row: RowKey, kind: Kind, table_id: i64, id: i64) -> Result<()> {
+    if row.kind == kind && row.table_id.0 == table_id && row.id == id {
         return Ok(());
     }
     Err(CodecError::KeyValueMismatch {
-        key: crate::codec::hex(key),
-        table_id: table_id.0,
+        key: hex(key),
+        table_id,
         id,
     }
     .into())

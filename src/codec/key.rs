@@ -27,7 +27,7 @@
 use std::ops::RangeInclusive;
 
 use super::{CodecError, hex};
-use crate::kv::KeyRange;
+use crate::key_range::KeyRange;
 use crate::model::{DataFileId, MappingId, TableId};
 
 /// Longest deployment key prefix, in bytes.
@@ -42,7 +42,7 @@ const ROW_KEY_LEN: usize = 1 + 1 + 8 + 8;
 pub enum Subspace {
     /// The current state of every catalog row.
     Current = 0x01,
-    /// Secondary indexes (reserved; no kind lives here yet).
+    /// Secondary indexes: the id indexes of mappings and data files.
     Index = 0x02,
 }
 
@@ -195,15 +195,24 @@ impl Keyspace {
     /// index entry of that row.
     #[must_use]
     pub fn row_key(&self, kind: Kind, table_id: TableId, id: i64) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.prefix.as_bytes().len() + ROW_KEY_LEN);
+        self.put_row_key(&mut key, kind, table_id, id);
+        key
+    }
+
+    /// Appends the key of [`row_key`](Self::row_key) to `out`, so that callers building many
+    /// keys can build them into one buffer.
+    pub fn put_row_key(&self, out: &mut Vec<u8>, kind: Kind, table_id: TableId, id: i64) {
         let (first, second) = if kind.is_index() {
             (id, table_id.0)
         } else {
             (table_id.0, id)
         };
-        let mut key = self.kind_head(kind);
-        key.extend_from_slice(&encode_i64(first));
-        key.extend_from_slice(&encode_i64(second));
-        key
+        out.extend_from_slice(self.prefix.as_bytes());
+        out.push(kind.subspace() as u8);
+        out.push(kind.tag());
+        out.extend_from_slice(&encode_i64(first));
+        out.extend_from_slice(&encode_i64(second));
     }
 
     /// The index entry of a row key: the same row under `kind.counterpart()`.
@@ -221,6 +230,23 @@ impl Keyspace {
     pub fn id_span(&self, kind: Kind, ids: RangeInclusive<i64>) -> KeyRange {
         debug_assert!(kind.is_index(), "id spans are ranges of an index kind");
         self.span(kind, ids)
+    }
+
+    /// The rows of row kind `kind` in table `table_id` whose ids lie in `ids`: one range.
+    /// An empty interval gives an empty range.
+    #[must_use]
+    pub fn row_span(&self, kind: Kind, table_id: TableId, ids: RangeInclusive<i64>) -> KeyRange {
+        debug_assert!(!kind.is_index(), "row spans are ranges of a row kind");
+        let (lo, hi) = ids.into_inner();
+        let start = self.row_key(kind, table_id, lo);
+        if lo > hi {
+            return KeyRange::new(start.clone(), start);
+        }
+        let end = match hi.checked_add(1) {
+            Some(next) => self.row_key(kind, table_id, next),
+            None => self.table_range(kind, table_id).end,
+        };
+        KeyRange::new(start, end)
     }
 
     /// Every row of `kind`: one range.

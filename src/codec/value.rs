@@ -3,17 +3,36 @@
 //! | bytes    | field                                                        |
 //! |----------|--------------------------------------------------------------|
 //! | 1        | format version ([`FORMAT_V1`])                               |
-//! | n        | protobuf body: a [`wire`](super::wire) message, by key kind  |
+//! | n        | protobuf body: a `moraine.v1` message, by key kind           |
 //! | 4        | CRC-32 (IEEE) of the version byte and the body, big-endian   |
 //!
 //! The version comes first so that a reader can refuse a format it does not know before it
 //! reads anything else; the checksum turns a torn or flipped value into a typed error instead
 //! of a plausible wrong row.
+//!
+//! The bodies are the messages of `proto/moraine.proto`, read and written here field by field
+//! (the `wire` types prost generates are the reference the tests compare with):
+//! a scan decodes a record straight into its consumer ([`MappingRecord`],
+//! [`DataFileRecord`]) with no allocation, and the write path encodes records straight from
+//! the rows it received. Both follow protobuf's rules: fields in any order, the last of a
+//! repeated scalar wins, unknown fields are skipped (a newer writer of the same format version
+//! may add fields); the encoding is the canonical one prost produces.
+//!
+//! | message         | field | number | kind                                         |
+//! |-----------------|-------|--------|----------------------------------------------|
+//! | `MappingValue`  | `mapping_id`, `table_id` | 1, 2 | int64, implicit (0 is absent) |
+//! |                 | `map_type` | 3 | optional string                                   |
+//! |                 | `names` | 4 | repeated `NameMapping`                               |
+//! | `NameMapping`   | `column_id` | 1 | int64, implicit                                  |
+//! |                 | `source_name` | 2 | string, implicit (`""` is absent)              |
+//! |                 | `target_field_id` | 3 | int64, implicit                            |
+//! |                 | `parent_column` | 4 | optional int64                               |
+//! |                 | `is_partition` | 5 | bool, implicit                                |
+//! | `DataFileValue` | column *i* of `ducklake_data_file` | *i* + 1 | the key columns (1, 2) implicit int64, the others optional |
 
 use super::CodecError;
-use super::wire::{DataFileValue, MappingValue, NameMapping as WireNameMapping};
 use crate::model::{
-    ColumnId, ColumnMapping, DataFile, DataFileId, FieldId, MappingId, NameMapping, TableId,
+    Cell, ColumnId, ColumnMapping, DataFileRow, FieldId, MappingId, NameMapping, SqlType, TableId,
 };
 
 /// The first (and current) value format.
@@ -21,114 +40,342 @@ pub const FORMAT_V1: u8 = 1;
 
 const CHECKSUM_LEN: usize = 4;
 
+/// Columns of `ducklake_data_file`, and so fields of `DataFileValue`.
+pub const DATA_FILE_FIELDS: usize = 16;
+/// The leading data-file fields that are implicit (the key columns, never NULL).
+const DATA_FILE_IMPLICIT: usize = 2;
+
+const VARINT: u64 = 0;
+const FIXED64: u64 = 1;
+const LEN: u64 = 2;
+const FIXED32: u64 = 5;
+
+// ---------------------------------------------------------------------------------------------
+// Writing.
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(low_byte(value) | 0x80);
+        value >>= 7;
+    }
+    out.push(low_byte(value));
+}
+
+/// The low seven bits of a varint group.
+fn low_byte(value: u64) -> u8 {
+    (value & 0x7f) as u8
+}
+
+fn varint_len(value: u64) -> usize {
+    // One byte per started group of seven bits.
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn put_key(out: &mut Vec<u8>, field: u64, wire: u64) {
+    put_varint(out, (field << 3) | wire);
+}
+
+fn key_len(field: u64) -> usize {
+    varint_len(field << 3)
+}
+
+fn put_int(out: &mut Vec<u8>, field: u64, value: i64) {
+    put_key(out, field, VARINT);
+    put_varint(out, value.cast_unsigned());
+}
+
+fn int_len(field: u64, value: i64) -> usize {
+    key_len(field) + varint_len(value.cast_unsigned())
+}
+
+fn put_bool(out: &mut Vec<u8>, field: u64, value: bool) {
+    put_key(out, field, VARINT);
+    out.push(u8::from(value));
+}
+
+fn put_bytes(out: &mut Vec<u8>, field: u64, value: &[u8]) {
+    put_key(out, field, LEN);
+    put_varint(out, value.len() as u64);
+    out.extend_from_slice(value);
+}
+
+fn bytes_len(field: u64, len: usize) -> usize {
+    key_len(field) + varint_len(len as u64) + len
+}
+
+/// Starts a value: the version byte. Returns where the value starts.
+fn open_value(out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    out.push(FORMAT_V1);
+    start
+}
+
+/// Ends the value that started at `start`: its checksum.
+fn close_value(out: &mut Vec<u8>, start: usize) {
+    let checksum = crc32fast::hash(out.get(start..).unwrap_or_default());
+    out.extend_from_slice(&checksum.to_be_bytes());
+}
+
+/// The mapping columns of a mapping record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingHead<'a> {
+    /// `mapping_id`.
+    pub mapping_id: i64,
+    /// `table_id`.
+    pub table_id: i64,
+    /// `type`; `None` is SQL NULL.
+    pub map_type: Option<&'a str>,
+}
+
+/// One embedded name row of a mapping record, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NameRef<'a> {
+    /// `column_id`.
+    pub column_id: i64,
+    /// `source_name`.
+    pub source_name: &'a str,
+    /// `target_field_id`.
+    pub target_field_id: i64,
+    /// `parent_column`.
+    pub parent_column: Option<i64>,
+    /// `is_partition`.
+    pub is_partition: bool,
+}
+
+impl NameRef<'_> {
+    fn body_len(&self) -> usize {
+        let mut len = 0;
+        if self.column_id != 0 {
+            len += int_len(1, self.column_id);
+        }
+        if !self.source_name.is_empty() {
+            len += bytes_len(2, self.source_name.len());
+        }
+        if self.target_field_id != 0 {
+            len += int_len(3, self.target_field_id);
+        }
+        if let Some(parent) = self.parent_column {
+            len += int_len(4, parent);
+        }
+        if self.is_partition {
+            len += 2;
+        }
+        len
+    }
+
+    fn put(&self, out: &mut Vec<u8>) {
+        put_key(out, 4, LEN);
+        put_varint(out, self.body_len() as u64);
+        if self.column_id != 0 {
+            put_int(out, 1, self.column_id);
+        }
+        if !self.source_name.is_empty() {
+            put_bytes(out, 2, self.source_name.as_bytes());
+        }
+        if self.target_field_id != 0 {
+            put_int(out, 3, self.target_field_id);
+        }
+        if let Some(parent) = self.parent_column {
+            put_int(out, 4, parent);
+        }
+        if self.is_partition {
+            put_bool(out, 5, true);
+        }
+    }
+}
+
+/// Appends the value of the mapping record `head` with `names` (in the order given, which the
+/// record keeps: `column_id` order) to `out`.
+pub fn encode_mapping_into<'a>(
+    out: &mut Vec<u8>,
+    head: &MappingHead<'_>,
+    names: impl IntoIterator<Item = NameRef<'a>>,
+) {
+    let start = open_value(out);
+    if head.mapping_id != 0 {
+        put_int(out, 1, head.mapping_id);
+    }
+    if head.table_id != 0 {
+        put_int(out, 2, head.table_id);
+    }
+    if let Some(map_type) = head.map_type {
+        put_bytes(out, 3, map_type.as_bytes());
+    }
+    for name in names {
+        name.put(out);
+    }
+    close_value(out, start);
+}
+
+/// Appends the value of a data-file record to `out`; `cell(i)` is column `i` of
+/// `ducklake_data_file`. The key columns (`data_file_id`, `table_id`) must not be NULL.
+///
+/// # Errors
+/// [`CodecError::MalformedValue`] when a cell is of another type than its column, or a key
+/// column is NULL.
+pub fn encode_data_file_into<'a>(
+    out: &mut Vec<u8>,
+    cell: impl Fn(usize) -> Cell<'a>,
+) -> Result<(), CodecError> {
+    let start = open_value(out);
+    for (i, column) in DataFileRow::COLUMNS.iter().enumerate() {
+        let field = i as u64 + 1;
+        let implicit = i < DATA_FILE_IMPLICIT;
+        match (cell(i), column.ty) {
+            (Cell::Null, _) if !implicit => {}
+            (Cell::BigInt(0), SqlType::BigInt) if implicit => {}
+            (Cell::BigInt(v), SqlType::BigInt) => put_int(out, field, v),
+            (Cell::Varchar(v), SqlType::Varchar) => put_bytes(out, field, v.as_bytes()),
+            (Cell::Boolean(v), SqlType::Boolean) => put_bool(out, field, v),
+            (other, ty) => {
+                out.truncate(start);
+                return Err(malformed(
+                    "data_file",
+                    format!("column {} is {ty}, got {other:?}", column.name),
+                ));
+            }
+        }
+    }
+    close_value(out, start);
+    Ok(())
+}
+
 /// Encodes a mapping record.
 #[must_use]
 pub fn encode_mapping(mapping: &ColumnMapping) -> Vec<u8> {
-    let wire = MappingValue {
-        mapping_id: mapping.mapping_id.0,
-        table_id: mapping.table_id.0,
-        map_type: mapping.map_type.clone(),
-        names: mapping
-            .names
-            .iter()
-            .map(|name| WireNameMapping {
-                column_id: name.column_id.0,
-                source_name: name.source_name.clone(),
-                target_field_id: name.target_field_id.0,
-                parent_column: name.parent_column.map(|c| c.0),
-                is_partition: name.is_partition,
-            })
-            .collect(),
-    };
-    seal(&wire)
-}
-
-/// Decodes a mapping record.
-///
-/// # Errors
-/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
-pub fn decode_mapping(bytes: &[u8]) -> Result<ColumnMapping, CodecError> {
-    let wire: MappingValue = open(bytes, "mapping")?;
-    Ok(ColumnMapping {
-        mapping_id: MappingId(wire.mapping_id),
-        table_id: TableId(wire.table_id),
-        map_type: wire.map_type,
-        names: wire
-            .names
-            .into_iter()
-            .map(|name| NameMapping {
-                column_id: ColumnId(name.column_id),
-                source_name: name.source_name,
-                target_field_id: FieldId(name.target_field_id),
-                parent_column: name.parent_column.map(ColumnId),
-                is_partition: name.is_partition,
-            })
-            .collect(),
-    })
-}
-
-/// Encodes a data-file record.
-#[must_use]
-pub fn encode_data_file(file: &DataFile) -> Vec<u8> {
-    let wire = DataFileValue {
-        data_file_id: file.data_file_id.0,
-        table_id: file.table_id.0,
-        begin_snapshot: file.begin_snapshot,
-        end_snapshot: file.end_snapshot,
-        file_order: file.file_order,
-        path: file.path.clone(),
-        path_is_relative: file.path_is_relative,
-        file_format: file.file_format.clone(),
-        record_count: file.record_count,
-        file_size_bytes: file.file_size_bytes,
-        footer_size: file.footer_size,
-        row_id_start: file.row_id_start,
-        partition_id: file.partition_id,
-        encryption_key: file.encryption_key.clone(),
-        partial_file_info: file.partial_file_info.clone(),
-        mapping_id: file.mapping_id.map(|m| m.0),
-    };
-    seal(&wire)
-}
-
-/// Decodes a data-file record.
-///
-/// # Errors
-/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
-pub fn decode_data_file(bytes: &[u8]) -> Result<DataFile, CodecError> {
-    let wire: DataFileValue = open(bytes, "data_file")?;
-    Ok(DataFile {
-        data_file_id: DataFileId(wire.data_file_id),
-        table_id: TableId(wire.table_id),
-        begin_snapshot: wire.begin_snapshot,
-        end_snapshot: wire.end_snapshot,
-        file_order: wire.file_order,
-        path: wire.path,
-        path_is_relative: wire.path_is_relative,
-        file_format: wire.file_format,
-        record_count: wire.record_count,
-        file_size_bytes: wire.file_size_bytes,
-        footer_size: wire.footer_size,
-        row_id_start: wire.row_id_start,
-        partition_id: wire.partition_id,
-        encryption_key: wire.encryption_key,
-        partial_file_info: wire.partial_file_info,
-        mapping_id: wire.mapping_id.map(MappingId),
-    })
-}
-
-fn seal(message: &impl prost::Message) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + message.encoded_len() + CHECKSUM_LEN);
-    out.push(FORMAT_V1);
-    message
-        .encode(&mut out)
-        .unwrap_or_else(|_| unreachable!("a Vec grows to fit any message"));
-    let checksum = crc32fast::hash(&out);
-    out.extend_from_slice(&checksum.to_be_bytes());
+    let mut out = Vec::new();
+    encode_mapping_into(
+        &mut out,
+        &MappingHead {
+            mapping_id: mapping.mapping_id.0,
+            table_id: mapping.table_id.0,
+            map_type: mapping.map_type.as_deref(),
+        },
+        mapping.names.iter().map(|name| NameRef {
+            column_id: name.column_id.0,
+            source_name: &name.source_name,
+            target_field_id: name.target_field_id.0,
+            parent_column: name.parent_column.map(|c| c.0),
+            is_partition: name.is_partition,
+        }),
+    );
     out
 }
 
-fn open<M: prost::Message + Default>(bytes: &[u8], record: &'static str) -> Result<M, CodecError> {
+/// Encodes a data-file record.
+///
+/// # Errors
+/// [`CodecError::MalformedValue`] when `data_file_id` or `table_id` is NULL.
+pub fn encode_data_file(file: &DataFileRow) -> Result<Vec<u8>, CodecError> {
+    let cells = file.cells();
+    let mut out = Vec::new();
+    encode_data_file_into(&mut out, |i| cells.get(i).copied().unwrap_or(Cell::Null))?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading.
+
+/// A field as it appears on the wire.
+#[derive(Debug, Clone, Copy)]
+enum Wire<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    /// A fixed-width field; no moraine field is one, so it is only ever skipped.
+    Fixed,
+}
+
+struct Fields<'a> {
+    bytes: &'a [u8],
+    record: &'static str,
+}
+
+impl<'a> Fields<'a> {
+    fn varint(&mut self) -> Result<u64, CodecError> {
+        let mut value: u64 = 0;
+        for (i, &byte) in self.bytes.iter().enumerate().take(10) {
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte < 0x80 {
+                self.bytes = self.bytes.get(i + 1..).unwrap_or_default();
+                return Ok(value);
+            }
+        }
+        Err(malformed(self.record, "a varint is truncated or too long"))
+    }
+
+    fn take(&mut self, len: usize) -> Result<&'a [u8], CodecError> {
+        let (taken, rest) = self
+            .bytes
+            .split_at_checked(len)
+            .ok_or_else(|| malformed(self.record, "a field runs past the end"))?;
+        self.bytes = rest;
+        Ok(taken)
+    }
+
+    /// The next field: its number and its wire form.
+    fn next_field(&mut self) -> Result<Option<(u64, Wire<'a>)>, CodecError> {
+        if self.bytes.is_empty() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let wire = match key & 7 {
+            VARINT => Wire::Varint(self.varint()?),
+            LEN => {
+                let len = usize::try_from(self.varint()?)
+                    .map_err(|_| malformed(self.record, "a length does not fit"))?;
+                Wire::Bytes(self.take(len)?)
+            }
+            FIXED64 => {
+                self.take(8)?;
+                Wire::Fixed
+            }
+            FIXED32 => {
+                self.take(4)?;
+                Wire::Fixed
+            }
+            other => {
+                return Err(malformed(self.record, format!("unknown wire type {other}")));
+            }
+        };
+        Ok(Some((key >> 3, wire)))
+    }
+}
+
+fn malformed(record: &'static str, reason: impl Into<String>) -> CodecError {
+    CodecError::MalformedValue {
+        record,
+        reason: reason.into(),
+    }
+}
+
+fn wrong_type(record: &'static str, field: u64) -> CodecError {
+    malformed(record, format!("field {field} has the wrong wire type"))
+}
+
+fn as_int(record: &'static str, field: u64, wire: Wire<'_>) -> Result<i64, CodecError> {
+    match wire {
+        Wire::Varint(v) => Ok(v.cast_signed()),
+        _ => Err(wrong_type(record, field)),
+    }
+}
+
+fn as_bool(record: &'static str, field: u64, wire: Wire<'_>) -> Result<bool, CodecError> {
+    match wire {
+        Wire::Varint(v) => Ok(v != 0),
+        _ => Err(wrong_type(record, field)),
+    }
+}
+
+fn as_str<'a>(record: &'static str, field: u64, wire: Wire<'a>) -> Result<&'a str, CodecError> {
+    match wire {
+        Wire::Bytes(bytes) => std::str::from_utf8(bytes)
+            .map_err(|_| malformed(record, format!("field {field} is not UTF-8"))),
+        _ => Err(wrong_type(record, field)),
+    }
+}
+
+/// The protobuf body of a stored value, after its envelope is checked.
+fn open(bytes: &[u8]) -> Result<&[u8], CodecError> {
     let Some(&version) = bytes.first() else {
         return Err(CodecError::EmptyValue);
     };
@@ -147,11 +394,229 @@ fn open<M: prost::Message + Default>(bytes: &[u8], record: &'static str) -> Resu
     if stored != computed {
         return Err(CodecError::ChecksumMismatch { stored, computed });
     }
-    let body = sealed.get(1..).unwrap_or_default();
-    M::decode(body).map_err(|err| CodecError::MalformedValue {
-        record,
-        reason: err.to_string(),
+    Ok(sealed.get(1..).unwrap_or_default())
+}
+
+/// A stored mapping record, checked and read in place: its head, and its name rows on demand.
+#[derive(Debug, Clone, Copy)]
+pub struct MappingRecord<'a> {
+    head: MappingHead<'a>,
+    body: &'a [u8],
+}
+
+/// Reads a mapping record's envelope and head. The name rows are read by
+/// [`MappingRecord::names`], as they are consumed.
+///
+/// # Errors
+/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
+pub fn read_mapping(bytes: &[u8]) -> Result<MappingRecord<'_>, CodecError> {
+    const RECORD: &str = "mapping";
+    let body = open(bytes)?;
+    let mut head = MappingHead {
+        mapping_id: 0,
+        table_id: 0,
+        map_type: None,
+    };
+    let mut fields = Fields {
+        bytes: body,
+        record: RECORD,
+    };
+    while let Some((field, wire)) = fields.next_field()? {
+        match field {
+            1 => head.mapping_id = as_int(RECORD, field, wire)?,
+            2 => head.table_id = as_int(RECORD, field, wire)?,
+            3 => head.map_type = Some(as_str(RECORD, field, wire)?),
+            4 if !matches!(wire, Wire::Bytes(_)) => return Err(wrong_type(RECORD, field)),
+            _ => {}
+        }
+    }
+    Ok(MappingRecord { head, body })
+}
+
+impl<'a> MappingRecord<'a> {
+    /// The mapping's own columns.
+    #[must_use]
+    pub fn head(&self) -> MappingHead<'a> {
+        self.head
+    }
+
+    /// The embedded name rows, in stored (`column_id`) order.
+    #[must_use]
+    pub fn names(&self) -> Names<'a> {
+        Names {
+            fields: Fields {
+                bytes: self.body,
+                record: "mapping",
+            },
+        }
+    }
+}
+
+/// The name rows of a [`MappingRecord`].
+pub struct Names<'a> {
+    fields: Fields<'a>,
+}
+
+impl<'a> Iterator for Names<'a> {
+    type Item = Result<NameRef<'a>, CodecError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.fields.next_field() {
+                Err(err) => {
+                    self.fields.bytes = &[];
+                    return Some(Err(err));
+                }
+                Ok(None) => return None,
+                Ok(Some((4, Wire::Bytes(message)))) => return Some(read_name(message)),
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+}
+
+fn read_name(message: &[u8]) -> Result<NameRef<'_>, CodecError> {
+    const RECORD: &str = "mapping";
+    let mut name = NameRef {
+        column_id: 0,
+        source_name: "",
+        target_field_id: 0,
+        parent_column: None,
+        is_partition: false,
+    };
+    let mut fields = Fields {
+        bytes: message,
+        record: RECORD,
+    };
+    while let Some((field, wire)) = fields.next_field()? {
+        match field {
+            1 => name.column_id = as_int(RECORD, field, wire)?,
+            2 => name.source_name = as_str(RECORD, field, wire)?,
+            3 => name.target_field_id = as_int(RECORD, field, wire)?,
+            4 => name.parent_column = Some(as_int(RECORD, field, wire)?),
+            5 => name.is_partition = as_bool(RECORD, field, wire)?,
+            _ => {}
+        }
+    }
+    Ok(name)
+}
+
+/// A stored data-file record, read in place: its cells in column order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataFileRecord<'a> {
+    cells: [Cell<'a>; DATA_FILE_FIELDS],
+}
+
+impl<'a> DataFileRecord<'a> {
+    /// Column `i` of `ducklake_data_file`.
+    #[must_use]
+    pub fn cell(&self, i: usize) -> Cell<'a> {
+        self.cells.get(i).copied().unwrap_or(Cell::Null)
+    }
+
+    /// Every column, in order.
+    #[must_use]
+    pub fn cells(&self) -> &[Cell<'a>; DATA_FILE_FIELDS] {
+        &self.cells
+    }
+
+    /// `data_file_id`.
+    #[must_use]
+    pub fn data_file_id(&self) -> i64 {
+        self.int(0).unwrap_or_default()
+    }
+
+    /// `table_id`.
+    #[must_use]
+    pub fn table_id(&self) -> i64 {
+        self.int(1).unwrap_or_default()
+    }
+
+    /// The `BIGINT` column `i`, unless NULL.
+    #[must_use]
+    pub fn int(&self, i: usize) -> Option<i64> {
+        match self.cell(i) {
+            Cell::BigInt(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The record as an owned row.
+    #[must_use]
+    pub fn to_row(&self) -> DataFileRow {
+        DataFileRow::from_cells(self.cells).unwrap_or_default()
+    }
+}
+
+/// Reads a data-file record.
+///
+/// # Errors
+/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
+pub fn read_data_file(bytes: &[u8]) -> Result<DataFileRecord<'_>, CodecError> {
+    const RECORD: &str = "data_file";
+    let body = open(bytes)?;
+    let mut cells = [Cell::Null; DATA_FILE_FIELDS];
+    for cell in cells.iter_mut().take(DATA_FILE_IMPLICIT) {
+        *cell = Cell::BigInt(0);
+    }
+    let mut fields = Fields {
+        bytes: body,
+        record: RECORD,
+    };
+    while let Some((field, wire)) = fields.next_field()? {
+        let Some(column) = usize::try_from(field)
+            .ok()
+            .and_then(|f| f.checked_sub(1))
+            .and_then(|i| Some((i, DataFileRow::COLUMNS.get(i)?)))
+        else {
+            continue;
+        };
+        let (i, column) = column;
+        let value = match column.ty {
+            SqlType::BigInt => Cell::BigInt(as_int(RECORD, field, wire)?),
+            SqlType::Varchar => Cell::Varchar(as_str(RECORD, field, wire)?),
+            SqlType::Boolean => Cell::Boolean(as_bool(RECORD, field, wire)?),
+        };
+        if let Some(slot) = cells.get_mut(i) {
+            *slot = value;
+        }
+    }
+    Ok(DataFileRecord { cells })
+}
+
+/// Decodes a mapping record into its owned form.
+///
+/// # Errors
+/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
+pub fn decode_mapping(bytes: &[u8]) -> Result<ColumnMapping, CodecError> {
+    let record = read_mapping(bytes)?;
+    let head = record.head();
+    let names = record
+        .names()
+        .map(|name| {
+            name.map(|name| NameMapping {
+                column_id: ColumnId(name.column_id),
+                source_name: name.source_name.to_owned(),
+                target_field_id: FieldId(name.target_field_id),
+                parent_column: name.parent_column.map(ColumnId),
+                is_partition: name.is_partition,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(ColumnMapping {
+        mapping_id: MappingId(head.mapping_id),
+        table_id: TableId(head.table_id),
+        map_type: head.map_type.map(str::to_owned),
+        names,
     })
+}
+
+/// Decodes a data-file record into its row.
+///
+/// # Errors
+/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
+pub fn decode_data_file(bytes: &[u8]) -> Result<DataFileRow, CodecError> {
+    Ok(read_data_file(bytes)?.to_row())
 }
 
 #[cfg(test)]

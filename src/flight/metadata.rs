@@ -14,9 +14,9 @@ use datafusion::arrow::array::{Int32Array, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
+use crate::batch::table_schema;
 use crate::error::{Error, Result};
 use crate::model::CatalogTable;
-use crate::query::arrow::table_schema;
 use crate::query::{CATALOG_NAME, SCHEMA_NAME};
 
 /// How long an unused prepared statement handle lives, in milliseconds (`SqlInfo` 100).

@@ -18,9 +18,9 @@ use tonic::{Request, Response, Status, Streaming};
 use super::service::MoraineSqlService;
 use super::status::to_status;
 use super::tickets::TicketKind;
+use crate::batch::table_schema;
 use crate::error::{Error, Result};
 use crate::model::CatalogTable;
-use crate::query::arrow::table_schema;
 
 type Inner = MoraineSqlService;
 

@@ -43,7 +43,7 @@ use crate::query::QueryEngine;
 use crate::query::dml::WriteStatement;
 use crate::txn::{Transactions, TxnId, random_token};
 use crate::write::Op;
-use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
+use crate::write::decode::{MissingColumns, RowShape};
 
 /// Largest encoded message sent, well under the 16 MiB clients accept.
 const MAX_FLIGHT_DATA: usize = 2 << 20;
@@ -187,66 +187,47 @@ impl MoraineSqlService {
         Self::ticket_info(&ticket, &schema, descriptor)
     }
 
-    /// Reads an upload into rows of `shape` and returns the changes and the row count.
-    async fn read_rows(upload: &mut Upload, shape: RowShape) -> Result<(Vec<Op>, usize)> {
-        let mut decoder: Option<RowDecoder> = None;
-        while let Some(batch) = upload.next_batch().await? {
-            let decoder = match &mut decoder {
-                Some(decoder) => decoder,
-                None => decoder.insert(RowDecoder::new(
-                    shape,
-                    &batch.schema(),
-                    MissingColumns::Refuse,
-                )?),
-            };
-            decoder.push(&batch)?;
-        }
-        if decoder.is_none()
-            && let Some(schema) = upload.schema()
-        {
-            // No batches: still check the schema, so a wrong upload is not silently empty.
-            RowDecoder::new(shape, &schema, MissingColumns::Refuse)?;
-        }
-        Ok(decoder.map_or((Vec::new(), 0), |d| {
-            let rows = d.rows();
-            (d.into_ops(), rows)
-        }))
-    }
-
-    /// A one-stream plain-Flight upload to `path`: one atomic batch, committed only when the
-    /// stream's last message carries [`COMMIT_MARKER`]. Returns the put result's JSON.
-    pub(crate) async fn plain_put(&self, path: &[String], mut upload: Upload) -> Result<String> {
-        let shape = match path {
-            [name] if name == "ducklake_mapping" => RowShape::MappingLoad,
-            [name] if name == CatalogTable::DataFile.name() => {
-                RowShape::Table(CatalogTable::DataFile)
-            }
+    /// A one-stream plain-Flight upload to `path`: one atomic batch, staged as it is read and
+    /// committed only when the stream's last message carries [`COMMIT_MARKER`]. Returns the
+    /// put result's JSON.
+    pub(crate) async fn plain_put(&self, path: &[String], upload: Upload) -> Result<String> {
+        let (shape, missing) = match path {
+            [name] if name == "ducklake_mapping" => (RowShape::MappingLoad, MissingColumns::Refuse),
+            [name] if name == "ducklake_commit" => (RowShape::Commit, MissingColumns::Null),
+            [name] if name == CatalogTable::DataFile.name() => (
+                RowShape::Table(CatalogTable::DataFile),
+                MissingColumns::Refuse,
+            ),
             _ => {
                 return Err(Error::NotFound {
                     what: format!(
-                        "upload path {path:?} (accepted: [\"ducklake_mapping\"] with rows in the shape of DuckLake's mapping load query, [\"ducklake_data_file\"] with data-file rows)"
+                        "upload path {path:?} (accepted: [\"ducklake_mapping\"] with rows in the shape of DuckLake's mapping load query, [\"ducklake_data_file\"] with data-file rows, [\"ducklake_commit\"] with both)"
                     ),
                 });
             }
         };
-        let (ops, rows) = Self::read_rows(&mut upload, shape).await?;
-        if upload.last_metadata().as_ref() != COMMIT_MARKER {
-            return Err(Error::NotCommitted {
-                reason: format!(
-                    "upload to {path:?} not committed: the stream ended without the commit marker (app_metadata {:?} on its last message); nothing of its {rows} rows was written",
-                    String::from_utf8_lossy(COMMIT_MARKER)
-                ),
-            });
-        }
-        let report = if ops.is_empty() {
-            None
-        } else {
-            Some(self.txns.autocommit(ops, None).await?)
-        };
-        let summary = report.map(|r| r.summary).unwrap_or_default();
+        let (changes, tally) = upload.changes(shape, missing);
+        let marker = tally.clone();
+        let report = self
+            .txns
+            .autocommit_stream(changes, None, move || {
+                if marker.last_metadata().as_ref() == COMMIT_MARKER {
+                    return Ok(());
+                }
+                Err(Error::NotCommitted {
+                    reason: format!(
+                        "upload to {path:?} not committed: the stream ended without the commit marker (app_metadata {:?} on its last message); nothing of its {} rows was written",
+                        String::from_utf8_lossy(COMMIT_MARKER),
+                        marker.rows()
+                    ),
+                })
+            })
+            .await?;
         Ok(format!(
-            "{{\"committed\": true, \"rows\": {rows}, \"mappings\": {}, \"data_files\": {}}}",
-            summary.mappings_created, summary.files_created
+            "{{\"committed\": true, \"rows\": {}, \"mappings\": {}, \"data_files\": {}}}",
+            tally.rows(),
+            report.summary.mappings_created,
+            report.summary.files_created
         ))
     }
 
@@ -578,11 +559,15 @@ impl FlightSqlService for MoraineSqlService {
         let session = session_of(&request);
         let table = status(ingest_target(&cmd))?;
         let txn = self.txn_of(cmd.transaction_id.as_ref(), session.as_deref());
-        let mut upload = Upload::new(request.into_inner());
-        let (ops, rows) = status(Self::read_rows(&mut upload, RowShape::Table(table)).await)?;
-        // A stream that ended after no batches stages nothing; one that failed never got here.
-        status(self.apply(ops, txn.as_ref(), None).await)?;
-        Ok(i64::try_from(rows).unwrap_or(i64::MAX))
+        let upload = Upload::new(request.into_inner());
+        let (changes, tally) = upload.changes(RowShape::Table(table), MissingColumns::Refuse);
+        // Staged batch by batch as the stream is read; a stream that fails stages nothing.
+        if let Some(id) = txn {
+            status(self.txns.stage_stream(&id, changes).await)?;
+        } else {
+            status(self.txns.autocommit_stream(changes, None, || Ok(())).await)?;
+        }
+        Ok(i64::try_from(tally.rows()).unwrap_or(i64::MAX))
     }
 
     async fn do_action_begin_transaction(

@@ -1,27 +1,53 @@
-//! Reading what clients upload with `DoPut`: record batches, and the app metadata of the
-//! stream's last message.
+//! Reading what clients upload with `DoPut`: record batches, decoded into changes batch by
+//! batch as they arrive, and the app metadata of the stream's last message.
 //!
 //! Messages without an IPC header (metadata-only messages such as pyarrow's
 //! `write_metadata`, or the one empty message of a `CommandStatementUpdate`) carry no data and
 //! are not fed to the IPC decoder, which would fail on them.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_flight::FlightData;
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
 use bytes::Bytes;
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use tonic::Status;
 
 use crate::error::{Error, Result};
+use crate::write::Op;
+use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
 
 /// An upload being read.
 pub(crate) struct Upload {
     batches: FlightRecordBatchStream,
     last_metadata: Arc<Mutex<Bytes>>,
+}
+
+/// What an upload's reader has seen so far: its rows, and the app metadata of its last
+/// message.
+#[derive(Clone)]
+pub(crate) struct Tally {
+    rows: Arc<AtomicUsize>,
+    last_metadata: Arc<Mutex<Bytes>>,
+}
+
+impl Tally {
+    /// Rows read.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// The app metadata of the last message read.
+    pub(crate) fn last_metadata(&self) -> Bytes {
+        self.last_metadata
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl Upload {
@@ -59,16 +85,50 @@ impl Upload {
         })
     }
 
-    /// The stream's schema, once its schema message has been read.
-    pub(crate) fn schema(&self) -> Option<SchemaRef> {
-        self.batches.schema().cloned()
-    }
-
-    /// The app metadata of the last message read.
-    pub(crate) fn last_metadata(&self) -> Bytes {
-        self.last_metadata
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// The changes the upload's rows make as rows of `shape`, batch by batch as they are
+    /// read, and the tally of what was read. A stream that ends without batches makes no
+    /// change, but its schema is still checked, so that a wrong upload is not silently empty.
+    pub(crate) fn changes(
+        self,
+        shape: RowShape,
+        missing: MissingColumns,
+    ) -> (BoxStream<'static, Result<Vec<Op>>>, Tally) {
+        let tally = Tally {
+            rows: Arc::new(AtomicUsize::new(0)),
+            last_metadata: Arc::clone(&self.last_metadata),
+        };
+        let rows = Arc::clone(&tally.rows);
+        let state = Some((self, None::<RowDecoder>));
+        let changes = stream::unfold(state, move |state| {
+            let rows = Arc::clone(&rows);
+            async move {
+                let (mut upload, mut decoder) = state?;
+                let batch = match upload.next_batch().await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => {
+                        let schema = upload.batches.schema().cloned();
+                        return match (decoder, schema) {
+                            (None, Some(schema)) => RowDecoder::new(shape, &schema, missing)
+                                .err()
+                                .map(|err| (Err(err), None)),
+                            _ => None,
+                        };
+                    }
+                    Err(err) => return Some((Err(err), None)),
+                };
+                let changes = match &mut decoder {
+                    Some(decoder) => decoder.decode(&batch),
+                    None => RowDecoder::new(shape, &batch.schema(), missing)
+                        .and_then(|d| decoder.insert(d).decode(&batch)),
+                };
+                rows.fetch_add(batch.num_rows(), Ordering::Relaxed);
+                match changes {
+                    Ok(ops) => Some((Ok(ops), Some((upload, decoder)))),
+                    Err(err) => Some((Err(err), None)),
+                }
+            }
+        })
+        .boxed();
+        (changes, tally)
     }
 }

@@ -4,16 +4,19 @@
 //! still hold the old one. Nothing survives the process.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
+use super::page::fill_page;
 use super::{
-    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize,
-    PreparedWrite, Requirement, ScanPage,
+    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
+    PreparedWrite, Requirement,
 };
 
-type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+type Map = BTreeMap<Bytes, Bytes>;
 
 /// The in-memory backend.
 #[derive(Debug, Default)]
@@ -64,10 +67,10 @@ pub(crate) fn first_unmet(
     writes.iter().find_map(|write| match write.requirement {
         Requirement::None => None,
         Requirement::Absent => present(&write.key).then(|| Conflict::AlreadyExists {
-            key: write.key.clone(),
+            key: write.key.to_vec(),
         }),
         Requirement::Present => (!present(&write.key)).then(|| Conflict::Missing {
-            key: write.key.clone(),
+            key: write.key.to_vec(),
         }),
     })
 }
@@ -79,44 +82,19 @@ struct MemorySnapshot {
 #[async_trait]
 impl KvSnapshot for MemorySnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        Ok(self.map.get(key).cloned())
+        Ok(self.map.get(key).map(|v| v.to_vec()))
     }
 
-    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
         let items = self
             .map
             .range::<[u8], _>((
-                std::ops::Bound::Included(range.start.as_slice()),
-                std::ops::Bound::Excluded(range.end.as_slice()),
+                Bound::Included(range.start.as_slice()),
+                Bound::Excluded(range.end.as_slice()),
             ))
-            .map(|(key, value)| {
-                Ok(KvPair {
-                    key: key.clone(),
-                    value: value.clone(),
-                })
-            });
-        fill_page(items, page)
-    }
-}
-
-/// Fills one page from an ordered iterator of pairs. Shared by the backends that scan with an
-/// iterator.
-pub(crate) fn fill_page<E>(
-    mut items: impl Iterator<Item = Result<KvPair, E>>,
-    page: PageSize,
-) -> Result<ScanPage, E> {
-    let mut out = ScanPage::default();
-    let mut bytes = 0;
-    loop {
-        if out.pairs.len() >= page.rows || bytes >= page.bytes {
-            return Ok(out);
-        }
-        let Some(item) = items.next() else {
-            out.exhausted = true;
-            return Ok(out);
-        };
-        let pair = item?;
-        bytes += pair.key.len() + pair.value.len();
-        out.pairs.push(pair);
+            .map(Ok::<_, KvError>);
+        fill_page(items, page.at_least_one(), |out, (key, value)| {
+            out.push(key, value);
+        })
     }
 }

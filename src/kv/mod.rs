@@ -3,18 +3,22 @@
 //! [`Store`] is what the rest of moraine holds. It wraps one [`KvBackend`] and is the one
 //! place that enforces the [`StoreLimits`] and the write-set rules, so that every backend
 //! accepts and refuses exactly the same commits:
-//! - a read is a [`Snapshot`]: point get, batch get and a range scan that streams pages and
-//!   stops when its consumer stops;
-//! - a write is one [`WriteSet`] committed atomically, with one of three outcomes
+//! - a read is a [`Snapshot`]: point get, batch get, and range scans that stream [`Page`]s and
+//!   stop when their consumer stops;
+//! - a write is one set of [`StagedWrites`] committed atomically, with one of three outcomes
 //!   ([`CommitOutcome`]): committed, conflict (nothing written; may be retried), or unknown.
 //!
-//! Backends ([`memory`], [`redb`](mod@self::redb)) only see writes already checked and reduced to
-//! one [`PreparedWrite`] per key.
+//! Backends ([`memory`], [`redb`](mod@self::redb), [`tikv`](mod@self::tikv)) only see writes
+//! already checked and reduced to one [`PreparedWrite`] per key, in key order.
+//!
+//! A [`Page`] holds its pairs in one buffer: a scan allocates per page, not per pair.
 
 pub mod memory;
 mod overlay;
+mod page;
 #[cfg(feature = "redb")]
 pub mod redb;
+mod staged;
 #[cfg(feature = "tikv")]
 pub mod tikv;
 mod write_set;
@@ -25,105 +29,56 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt as _};
 
-pub use write_set::{Mutation, PreparedWrite, Requirement, WriteSet};
+pub use crate::key_range::KeyRange;
+pub use page::{KvPair, Page, PageSize};
+pub use staged::{Requirement, Staged, StagedWrites, Undo};
+pub use write_set::{Mutation, PreparedWrite, WriteSet};
 
-use crate::codec::hex;
-
-/// A half-open key range `[start, end)`.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KeyRange {
-    /// First key in the range.
-    pub start: Vec<u8>,
-    /// First key after the range.
-    pub end: Vec<u8>,
-}
-
-impl KeyRange {
-    /// The range `[start, end)`.
-    #[must_use]
-    pub fn new(start: Vec<u8>, end: Vec<u8>) -> Self {
-        Self { start, end }
-    }
-
-    /// Whether `key` lies in the range.
-    #[must_use]
-    pub fn contains(&self, key: &[u8]) -> bool {
-        self.start.as_slice() <= key && key < self.end.as_slice()
-    }
-
-    /// Whether the range holds no key at all.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.start >= self.end
-    }
-}
-
-impl fmt::Debug for KeyRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}, {})", hex(&self.start), hex(&self.end))
-    }
-}
-
-/// One stored key and its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KvPair {
-    /// The key.
-    pub key: Vec<u8>,
-    /// The value.
-    pub value: Vec<u8>,
-}
-
-/// How much one page of a scan may hold. A page holds at least one pair while any remain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageSize {
-    /// At most this many pairs.
-    pub rows: usize,
-    /// Stop adding pairs once the page holds this many key and value bytes.
-    pub bytes: usize,
-}
-
-impl Default for PageSize {
-    fn default() -> Self {
-        Self {
-            rows: 1024,
-            bytes: 1 << 20,
-        }
-    }
-}
-
-/// One page of a scan, as a backend returns it.
-#[derive(Debug, Default)]
-pub struct ScanPage {
-    /// The pairs, in key order.
-    pub pairs: Vec<KvPair>,
-    /// No pair of the range lies after the last one returned.
-    pub exhausted: bool,
-}
+use crate::key_range::hex;
 
 /// Limits every commit is checked against before any backend sees it.
-///
-/// The defaults sit under TiKV's (8 KiB keys, 8 MiB raft entries) so that a write accepted by
-/// the embedded store is also accepted by a cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreLimits {
     /// Longest key, in bytes.
     pub max_key_bytes: usize,
     /// Longest value, in bytes.
     pub max_value_bytes: usize,
-    /// Most mutations in one write set.
+    /// Most keys one commit writes or requires.
     pub max_write_set_ops: usize,
-    /// Most key and value bytes in one write set.
+    /// Most key and value bytes in one commit.
     pub max_write_set_bytes: usize,
 }
 
-impl Default for StoreLimits {
-    fn default() -> Self {
+impl StoreLimits {
+    /// TiKV's limits, and a sensible design target for any store that replicates its writes
+    /// through a log: 8 KiB keys and 8 MiB raft entries bound keys and values, and about
+    /// 100 MiB (the default of `TiDB`) bounds one transaction.
+    #[must_use]
+    pub fn replicated() -> Self {
         Self {
             max_key_bytes: 4 << 10,
             max_value_bytes: 6 << 20,
             max_write_set_ops: 1 << 20,
             max_write_set_bytes: 96 << 20,
         }
+    }
+
+    /// Limits of the embedded store: the same keys and values as a cluster accepts, so that
+    /// data moves between them, but transactions bounded only by what the process can stage
+    /// (the transaction limits bound that, see `serve --txn-max-bytes`).
+    #[must_use]
+    pub fn embedded() -> Self {
+        Self {
+            max_write_set_ops: usize::MAX,
+            max_write_set_bytes: usize::MAX,
+            ..Self::replicated()
+        }
+    }
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self::replicated()
     }
 }
 
@@ -192,7 +147,7 @@ pub enum KvError {
     },
     /// A write set over [`StoreLimits::max_write_set_ops`] or `max_write_set_bytes`.
     #[error(
-        "write set of {ops} mutations and {bytes} bytes exceeds the limit of {max_ops} mutations and {max_bytes} bytes"
+        "write set of {ops} mutations and {bytes} bytes exceeds the store's limit of {max_ops} mutations and {max_bytes} bytes per commit"
     )]
     WriteSetTooLarge {
         /// Mutations in it.
@@ -236,7 +191,7 @@ pub trait KvSnapshot: Send + Sync + 'static {
     /// The value of `key` at this snapshot.
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError>;
 
-    /// The values of `keys`, in the same order.
+    /// The values of `keys`, in the same order. Backends read sorted keys fastest.
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
@@ -247,7 +202,17 @@ pub trait KvSnapshot: Send + Sync + 'static {
 
     /// The first pairs of `range` in key order, at most `page.rows` of them, stopping after
     /// the pair that brings the page to `page.bytes`.
-    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError>;
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError>;
+
+    /// [`scan_page`](Self::scan_page) of each of `ranges`, in the same order; backends answer
+    /// in one round trip where they can.
+    async fn scan_pages(&self, ranges: &[KeyRange], page: PageSize) -> Result<Vec<Page>, KvError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            out.push(self.scan_page(range, page).await?);
+        }
+        Ok(out)
+    }
 }
 
 /// An ordered transactional key-value store, as a backend implements it.
@@ -324,6 +289,15 @@ impl Store {
     /// [`KvError`] when the write set breaks a limit or contradicts itself, or the backend
     /// fails before committing; nothing was written then. Otherwise see [`CommitOutcome`].
     pub async fn commit(&self, writes: WriteSet) -> Result<CommitOutcome, KvError> {
+        self.commit_staged(&writes.into_staged()?).await
+    }
+
+    /// Commits staged writes atomically: each key's requirement holds and its write lands,
+    /// or nothing does.
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit).
+    pub async fn commit_staged(&self, writes: &StagedWrites) -> Result<CommitOutcome, KvError> {
         let prepared = writes.prepare(&self.limits)?;
         if prepared.is_empty() {
             return Ok(CommitOutcome::Committed);
@@ -346,13 +320,14 @@ impl fmt::Debug for Snapshot {
 
 impl Snapshot {
     /// This snapshot seen through `writes`, uncommitted: reads answer from `writes` where they
-    /// touch a key and from this snapshot elsewhere. Nothing is written to the store.
+    /// touch a key and from this snapshot elsewhere. Nothing is written to the store, and
+    /// nothing is copied: the view shares `writes`.
     #[must_use]
-    pub fn overlaid(&self, writes: &WriteSet) -> Snapshot {
+    pub fn overlaid(&self, writes: Arc<StagedWrites>) -> Snapshot {
         Snapshot {
             inner: Arc::new(overlay::OverlaySnapshot {
                 base: Arc::clone(&self.inner),
-                writes: Arc::new(overlay::net_writes(writes)),
+                writes,
             }),
         }
     }
@@ -373,9 +348,32 @@ impl Snapshot {
         self.inner.batch_get(keys).await
     }
 
+    /// One page of `range`: its first pairs, as [`KvSnapshot::scan_page`].
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend fails.
+    pub async fn page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
+        if range.is_empty() {
+            return Ok(Page::exhausted_empty());
+        }
+        self.inner.scan_page(range, page).await
+    }
+
+    /// The first page of each of `ranges`, in one round trip where the backend can.
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend fails.
+    pub async fn first_pages(
+        &self,
+        ranges: &[KeyRange],
+        page: PageSize,
+    ) -> Result<Vec<Page>, KvError> {
+        self.inner.scan_pages(ranges, page).await
+    }
+
     /// Streams `range` in key order, one page per item, with the default [`PageSize`].
     #[must_use]
-    pub fn scan(&self, range: KeyRange) -> BoxStream<'static, Result<Vec<KvPair>, KvError>> {
+    pub fn scan(&self, range: KeyRange) -> BoxStream<'static, Result<Page, KvError>> {
         self.scan_pages(range, PageSize::default())
     }
 
@@ -386,33 +384,27 @@ impl Snapshot {
         &self,
         range: KeyRange,
         page: PageSize,
-    ) -> BoxStream<'static, Result<Vec<KvPair>, KvError>> {
-        let page = PageSize {
-            rows: page.rows.max(1),
-            bytes: page.bytes.max(1),
-        };
+    ) -> BoxStream<'static, Result<Page, KvError>> {
+        let page = page.at_least_one();
         let snapshot = Arc::clone(&self.inner);
         let state = (!range.is_empty()).then_some(range);
         stream::unfold(state, move |state| {
             let snapshot = Arc::clone(&snapshot);
             async move {
-                let mut range = state?;
+                let range = state?;
                 match snapshot.scan_page(&range, page).await {
                     Err(err) => Some((Err(err), None)),
-                    Ok(ScanPage { pairs, exhausted }) => {
-                        let next = match pairs.last() {
-                            Some(last) if !exhausted => {
-                                let mut start = last.key.clone();
-                                start.push(0);
-                                range.start = start;
-                                (!range.is_empty()).then_some(range)
+                    Ok(found) => {
+                        let next = match found.last_key() {
+                            Some(last) if !found.is_exhausted() => {
+                                Some(range.after(last)).filter(|rest| !rest.is_empty())
                             }
                             _ => None,
                         };
-                        if pairs.is_empty() {
+                        if found.is_empty() {
                             None
                         } else {
-                            Some((Ok(pairs), next))
+                            Some((Ok(found), next))
                         }
                     }
                 }

@@ -1,47 +1,27 @@
-//! A snapshot seen through a transaction's uncommitted writes: reads answer from the writes
-//! where they touch a key, and from the base snapshot everywhere else.
+//! A snapshot seen through a transaction's staged writes: reads answer from the writes where
+//! they touch a key, and from the base snapshot everywhere else.
 //!
 //! This is how a transaction reads its own writes without writing anything to the store: the
-//! staged changes stay in memory until the one atomic commit.
+//! staged changes stay in memory until the one atomic commit. The view shares the staged
+//! writes; it copies nothing when it is made.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{KeyRange, KvError, KvPair, KvSnapshot, Mutation, PageSize, ScanPage, WriteSet};
-
-/// Each written key's value after the writes: `Some` written, `None` deleted.
-pub(crate) type NetWrites = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
-/// The net effect of `writes`, key by key. Requirements write nothing and are left out.
-pub(crate) fn net_writes(writes: &WriteSet) -> NetWrites {
-    let mut net = NetWrites::new();
-    for mutation in writes.mutations() {
-        match mutation {
-            Mutation::Put { key, value } | Mutation::Insert { key, value } => {
-                net.insert(key.clone(), Some(value.clone()));
-            }
-            Mutation::Delete { key } => {
-                net.insert(key.clone(), None);
-            }
-            Mutation::RequirePresent { .. } => {}
-        }
-    }
-    net
-}
+use super::{KeyRange, KvError, KvSnapshot, Page, PageSize, StagedWrites};
 
 pub(crate) struct OverlaySnapshot {
     pub(crate) base: Arc<dyn KvSnapshot>,
-    pub(crate) writes: Arc<NetWrites>,
+    pub(crate) writes: Arc<StagedWrites>,
 }
 
 #[async_trait]
 impl KvSnapshot for OverlaySnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        match self.writes.get(key) {
-            Some(written) => Ok(written.clone()),
+        match self.writes.read(key) {
+            Some(written) => Ok(written.map(|v| v.to_vec())),
             None => self.base.get(key).await,
         }
     }
@@ -49,58 +29,49 @@ impl KvSnapshot for OverlaySnapshot {
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         let unwritten: Vec<Vec<u8>> = keys
             .iter()
-            .filter(|key| !self.writes.contains_key(*key))
+            .filter(|key| self.writes.read(key).is_none())
             .cloned()
             .collect();
         let mut from_base = self.base.batch_get(&unwritten).await?.into_iter();
         Ok(keys
             .iter()
-            .map(|key| match self.writes.get(key) {
-                Some(written) => written.clone(),
+            .map(|key| match self.writes.read(key) {
+                Some(written) => written.map(|v| v.to_vec()),
                 None => from_base.next().flatten(),
             })
             .collect())
     }
 
-    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
+        let page = page.at_least_one();
         let mut range = range.clone();
         loop {
             let base = self.base.scan_page(&range, page).await?;
-            let exhausted = base.exhausted || base.pairs.is_empty();
+            let exhausted = base.is_exhausted() || base.is_empty();
             // The part of the range this base page covers: up to its last key, or all of it.
-            let covered_end = match base.pairs.last() {
-                Some(last) if !exhausted => Bound::Included(last.key.clone()),
-                _ => Bound::Excluded(range.end.clone()),
+            let covered_end = match base.last_key() {
+                Some(last) if !exhausted => Bound::Included(last),
+                _ => Bound::Excluded(range.end.as_slice()),
             };
             let written = self
                 .writes
-                .range((Bound::Included(range.start.clone()), covered_end));
-            let resume = base.pairs.last().map(|last| last.key.clone());
-            let mut pairs = merge(base.pairs, written);
-            if pairs.len() > page.rows {
-                pairs.truncate(page.rows);
-                return Ok(ScanPage {
-                    pairs,
-                    exhausted: false,
-                });
+                .written((Bound::Included(range.start.as_slice()), covered_end));
+            let mut merged = merge(&base, written, base.len());
+            if merged.len() > page.rows {
+                merged.truncate(page.rows);
+                return Ok(merged);
             }
-            if !pairs.is_empty() || exhausted {
-                return Ok(ScanPage { pairs, exhausted });
+            if !merged.is_empty() || exhausted {
+                merged.set_exhausted(exhausted);
+                return Ok(merged);
             }
             // Every pair of this base page was deleted by the writes: read on.
-            let Some(mut start) = resume else {
-                return Ok(ScanPage {
-                    pairs,
-                    exhausted: true,
-                });
+            let Some(last) = base.last_key() else {
+                return Ok(Page::exhausted_empty());
             };
-            start.push(0);
-            range.start = start;
+            range = range.after(last);
             if range.is_empty() {
-                return Ok(ScanPage {
-                    pairs: Vec::new(),
-                    exhausted: true,
-                });
+                return Ok(Page::exhausted_empty());
             }
         }
     }
@@ -108,37 +79,27 @@ impl KvSnapshot for OverlaySnapshot {
 
 /// The base pairs with the writes over the same stretch of keys applied, in key order.
 fn merge<'w>(
-    base: Vec<KvPair>,
-    written: impl Iterator<Item = (&'w Vec<u8>, &'w Option<Vec<u8>>)>,
-) -> Vec<KvPair> {
-    let mut out = Vec::with_capacity(base.len());
+    base: &Page,
+    written: impl Iterator<Item = (&'w bytes::Bytes, Option<&'w bytes::Bytes>)>,
+    capacity: usize,
+) -> Page {
+    let mut out = Page::with_capacity(capacity, base.bytes());
     let mut written = written.peekable();
-    for pair in base {
-        while let Some((key, value)) =
-            written.next_if(|(key, _)| key.as_slice() < pair.key.as_slice())
-        {
-            if let Some(value) = value {
-                out.push(KvPair {
-                    key: key.clone(),
-                    value: value.clone(),
-                });
+    for (key, value) in base.iter() {
+        while let Some((w_key, w_value)) = written.next_if(|(w_key, _)| w_key.as_ref() < key) {
+            if let Some(w_value) = w_value {
+                out.push(w_key, w_value);
             }
         }
-        match written.next_if(|(key, _)| key.as_slice() == pair.key.as_slice()) {
-            Some((key, Some(value))) => out.push(KvPair {
-                key: key.clone(),
-                value: value.clone(),
-            }),
+        match written.next_if(|(w_key, _)| w_key.as_ref() == key) {
+            Some((w_key, Some(w_value))) => out.push(w_key, w_value),
             Some((_, None)) => {}
-            None => out.push(pair),
+            None => out.push(key, value),
         }
     }
-    for (key, value) in written {
-        if let Some(value) = value {
-            out.push(KvPair {
-                key: key.clone(),
-                value: value.clone(),
-            });
+    for (w_key, w_value) in written {
+        if let Some(w_value) = w_value {
+            out.push(w_key, w_value);
         }
     }
     out
@@ -147,7 +108,8 @@ fn merge<'w>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::Store;
+    use crate::kv::{CommitOutcome, KvPair, Store, Undo, WriteSet};
+    use bytes::Bytes;
     use futures::TryStreamExt as _;
 
     fn pairs(items: &[(&[u8], &[u8])]) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -166,25 +128,34 @@ mod tests {
         }
         assert_eq!(
             store.commit(base).await.ok(),
-            Some(super::super::CommitOutcome::Committed)
+            Some(CommitOutcome::Committed)
         );
-        let mut staged = WriteSet::new();
+        let mut staged = StagedWrites::new();
+        let mut undo = Undo::new();
+        let b = |s: &[u8]| Bytes::copy_from_slice(s);
+        staged.delete(b(b"a"), &mut undo).expect("stage");
+        staged.put(b(b"b"), b(b"new"), &mut undo).expect("stage");
+        staged.delete(b(b"c"), &mut undo).expect("stage");
         staged
-            .delete(b"a".to_vec())
-            .put(b"b".to_vec(), b"new".to_vec())
-            .delete(b"c".to_vec())
-            .put(b"e".to_vec(), b"changed".to_vec())
-            .put(b"z".to_vec(), b"after".to_vec());
-        let snapshot = store.snapshot().await.expect("snapshot").overlaid(&staged);
+            .put(b(b"e"), b(b"changed"), &mut undo)
+            .expect("stage");
+        staged.put(b(b"z"), b(b"after"), &mut undo).expect("stage");
+        staged.require_present(b(b"g"), &mut undo).expect("stage");
+        let snapshot = store
+            .snapshot()
+            .await
+            .expect("snapshot")
+            .overlaid(Arc::new(staged));
         // Pages of one pair force every page boundary through the merge.
         let page = PageSize { rows: 1, bytes: 1 };
         let got: Vec<(Vec<u8>, Vec<u8>)> = snapshot
             .scan_pages(KeyRange::new(b"a".to_vec(), b"zz".to_vec()), page)
+            .map_ok(|p| p.to_pairs())
             .try_concat()
             .await
             .expect("scan")
             .into_iter()
-            .map(|p| (p.key, p.value))
+            .map(|KvPair { key, value }| (key, value))
             .collect();
         assert_eq!(
             got,

@@ -1,22 +1,29 @@
 //! The embedded backend: one redb file, durable on commit.
 //!
 //! All data lives in one `&[u8] -> &[u8]` table, ordered by raw key bytes, which is the
-//! memcomparable order the keyspace is built for. redb is blocking: every call runs on tokio's
-//! blocking pool, never on the async runtime's workers. redb serializes write transactions,
-//! so a commit checks its requirements against the latest state inside its own transaction.
+//! memcomparable order the keyspace is built for. redb is blocking: reads run on tokio's
+//! blocking pool, never on the async runtime's workers.
+//!
+//! Commits go through one writer thread, which groups the commits waiting for it into one redb
+//! write transaction and one durable write (group commit). Each commit of a group is checked
+//! against the state the commits before it in the group leave, so the outcome is the same as
+//! committing them one after another: a commit whose requirement fails is a conflict and
+//! writes nothing, the others land together.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use redb::{
-    Database, Durability, ReadOnlyTable, ReadableDatabase as _, ReadableTable as _, TableDefinition,
+    Database, Durability, ReadOnlyTable, ReadableDatabase as _, ReadableTable as _, Table,
+    TableDefinition,
 };
 
-use super::memory::{fill_page, first_unmet};
+use super::memory::first_unmet;
+use super::page::fill_page;
 use super::{
-    CommitOutcome, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize, PreparedWrite,
-    ScanPage,
+    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, PreparedWrite,
 };
 
 const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("moraine_kv");
@@ -26,31 +33,67 @@ pub const FILE_NAME: &str = "moraine.redb";
 
 const NAME: &str = "redb";
 
+/// Most commits one group holds.
+const MAX_GROUP: usize = 256;
+/// A group takes no more commits once it holds this many bytes.
+const MAX_GROUP_BYTES: usize = 64 << 20;
+
+/// Settings of the embedded store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedbOptions {
+    /// Memory redb may use to cache pages and buffer writes.
+    pub cache_bytes: usize,
+}
+
+impl Default for RedbOptions {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
 /// The redb backend.
 #[derive(Debug, Clone)]
 pub struct RedbBackend {
     db: Arc<Database>,
     path: PathBuf,
+    committer: Arc<Committer>,
 }
 
 impl RedbBackend {
-    /// Opens the store in directory `dir`, creating the directory and the file if missing.
+    /// Opens the store in directory `dir` with default options, creating the directory and
+    /// the file if missing.
     ///
     /// # Errors
     /// [`KvError::Unavailable`] when the directory or file cannot be created or opened (for
     /// example because another process holds it).
     pub async fn open(dir: &Path) -> Result<Self, KvError> {
+        Self::open_with(dir, RedbOptions::default()).await
+    }
+
+    /// Opens the store in directory `dir` with `options`.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub async fn open_with(dir: &Path, options: RedbOptions) -> Result<Self, KvError> {
         let dir = dir.to_owned();
         blocking(move || {
             std::fs::create_dir_all(&dir).map_err(|err| unavailable(&dir, &err))?;
             let path = dir.join(FILE_NAME);
-            let db = Database::create(&path).map_err(|err| unavailable(&path, &err))?;
+            let db = Database::builder()
+                .set_cache_size(options.cache_bytes)
+                .create(&path)
+                .map_err(|err| unavailable(&path, &err))?;
             let txn = db.begin_write().map_err(failed)?;
             txn.open_table(DATA).map_err(failed)?;
             txn.commit().map_err(failed)?;
+            let db = Arc::new(db);
+            let committer = Arc::new(Committer::start(Arc::clone(&db))?);
             Ok(Self {
-                db: Arc::new(db),
+                db,
                 path,
+                committer,
             })
         })
         .await
@@ -82,56 +125,210 @@ impl KvBackend for RedbBackend {
     }
 
     async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
-        let db = Arc::clone(&self.db);
-        blocking(move || {
-            let mut txn = db.begin_write().map_err(failed)?;
-            txn.set_durability(Durability::Immediate).map_err(failed)?;
-            {
-                let mut table = txn.open_table(DATA).map_err(failed)?;
-                let mut lookup_error = None;
-                let unmet = first_unmet(&writes, |key| match table.get(key) {
-                    Ok(value) => value.is_some(),
-                    Err(err) => {
-                        lookup_error.get_or_insert(err);
-                        false
+        self.committer.commit(writes).await
+    }
+}
+
+/// A commit waiting for the writer thread.
+struct Request {
+    writes: Vec<PreparedWrite>,
+    reply: tokio::sync::oneshot::Sender<Result<CommitOutcome, KvError>>,
+}
+
+impl Request {
+    fn bytes(&self) -> usize {
+        self.writes
+            .iter()
+            .map(|w| {
+                w.key.len()
+                    + w.write
+                        .as_ref()
+                        .map_or(0, |v| v.as_ref().map_or(0, bytes::Bytes::len))
+            })
+            .sum()
+    }
+
+    fn answer(self, outcome: Result<CommitOutcome, KvError>) {
+        // A caller that went away no longer needs the answer.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// The writer thread and its queue. Dropping the last handle closes the queue and waits for
+/// the thread, so that the file is released when the backend is.
+#[derive(Debug)]
+struct Committer {
+    queue: Mutex<Option<mpsc::Sender<Request>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Committer {
+    fn start(db: Arc<Database>) -> Result<Self, KvError> {
+        let (queue, requests) = mpsc::channel::<Request>();
+        let thread = std::thread::Builder::new()
+            .name("moraine-redb-writer".into())
+            .spawn(move || {
+                while let Ok(first) = requests.recv() {
+                    let mut bytes = first.bytes();
+                    let mut group = vec![first];
+                    while group.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+                        let Ok(next) = requests.try_recv() else { break };
+                        bytes += next.bytes();
+                        group.push(next);
                     }
-                });
-                if let Some(err) = lookup_error {
-                    return Err(failed(err));
+                    commit_group(&db, group);
                 }
-                if let Some(conflict) = unmet {
-                    // Dropping the transaction aborts it: nothing is written.
-                    return Ok(CommitOutcome::Conflict(conflict));
-                }
-                for write in &writes {
-                    match &write.write {
-                        Some(Some(value)) => {
-                            table
-                                .insert(write.key.as_slice(), value.as_slice())
-                                .map_err(failed)?;
-                        }
-                        Some(None) => {
-                            table.remove(write.key.as_slice()).map_err(failed)?;
-                        }
-                        None => {}
+            })
+            .map_err(|err| KvError::Backend {
+                backend: NAME,
+                reason: format!("cannot start the writer thread: {err}"),
+            })?;
+        Ok(Self {
+            queue: Mutex::new(Some(queue)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let sent = self
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|queue| queue.send(Request { writes, reply }).is_ok());
+        if !sent {
+            return Err(closing());
+        }
+        // The writer answers every request it takes; a dropped answer means it died.
+        answer.await.unwrap_or_else(|_| {
+            Ok(CommitOutcome::Unknown {
+                reason: "the writer thread stopped while committing".into(),
+            })
+        })
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        drop(
+            self.queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        if let Some(thread) = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Commits a group in one write transaction: each request checked and applied in turn, one
+/// durable commit for all that applied.
+fn commit_group(db: &Database, group: Vec<Request>) {
+    let mut pending = group.into_iter();
+    let mut applied: Vec<Request> = Vec::new();
+    let failure = (|| -> Result<redb::WriteTransaction, KvError> {
+        let mut txn = db.begin_write().map_err(failed)?;
+        txn.set_durability(Durability::Immediate).map_err(failed)?;
+        {
+            let mut table = txn.open_table(DATA).map_err(failed)?;
+            for request in pending.by_ref() {
+                match apply(&mut table, &request.writes) {
+                    Ok(None) => applied.push(request),
+                    Ok(Some(conflict)) => request.answer(Ok(CommitOutcome::Conflict(conflict))),
+                    Err(err) => {
+                        request.answer(Err(err.clone()));
+                        return Err(err);
                     }
                 }
             }
+        }
+        Ok(txn)
+    })();
+    match failure {
+        Err(err) => {
+            // The transaction was dropped, which aborts it: nothing of the group was written.
+            for request in applied.into_iter().chain(pending) {
+                request.answer(Err(err.clone()));
+            }
+        }
+        Ok(txn) => {
             // Past this point redb may have written part of the commit: a failure leaves the
             // outcome to whatever the file holds on the next open.
-            Ok(match txn.commit() {
+            let outcome = match txn.commit() {
                 Ok(()) => CommitOutcome::Committed,
                 Err(err) => CommitOutcome::Unknown {
                     reason: err.to_string(),
                 },
-            })
-        })
-        .await
+            };
+            for request in applied {
+                request.answer(Ok(outcome.clone()));
+            }
+        }
     }
+}
+
+/// Checks one request's requirements against the table as the group left it, then applies
+/// its writes. `Ok(Some(conflict))` wrote nothing.
+fn apply(
+    table: &mut Table<'_, &'static [u8], &'static [u8]>,
+    writes: &[PreparedWrite],
+) -> Result<Option<super::Conflict>, KvError> {
+    let mut lookup_error = None;
+    let unmet = first_unmet(writes, |key| match table.get(key) {
+        Ok(value) => value.is_some(),
+        Err(err) => {
+            lookup_error.get_or_insert(err);
+            false
+        }
+    });
+    if let Some(err) = lookup_error {
+        return Err(failed(err));
+    }
+    if unmet.is_some() {
+        return Ok(unmet);
+    }
+    for write in writes {
+        match &write.write {
+            Some(Some(value)) => {
+                table
+                    .insert(write.key.as_ref(), value.as_ref())
+                    .map_err(failed)?;
+            }
+            Some(None) => {
+                table.remove(write.key.as_ref()).map_err(failed)?;
+            }
+            None => {}
+        }
+    }
+    Ok(None)
 }
 
 struct RedbSnapshot {
     table: Arc<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+}
+
+fn page_of(
+    table: &ReadOnlyTable<&'static [u8], &'static [u8]>,
+    range: &KeyRange,
+    page: PageSize,
+) -> Result<Page, KvError> {
+    if range.is_empty() {
+        return Ok(Page::exhausted_empty());
+    }
+    let items = table
+        .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
+        .map_err(failed)?
+        .map(|item| item.map_err(failed));
+    fill_page(items, page.at_least_one(), |out, (key, value)| {
+        out.push(key.value(), value.value());
+    })
 }
 
 #[async_trait]
@@ -164,21 +361,20 @@ impl KvSnapshot for RedbSnapshot {
         .await
     }
 
-    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
         let table = Arc::clone(&self.table);
         let range = range.clone();
+        blocking(move || page_of(&table, &range, page)).await
+    }
+
+    async fn scan_pages(&self, ranges: &[KeyRange], page: PageSize) -> Result<Vec<Page>, KvError> {
+        let table = Arc::clone(&self.table);
+        let ranges = ranges.to_vec();
         blocking(move || {
-            let items = table
-                .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
-                .map_err(failed)?
-                .map(|item| {
-                    item.map(|(key, value)| KvPair {
-                        key: key.value().to_vec(),
-                        value: value.value().to_vec(),
-                    })
-                    .map_err(failed)
-                });
-            fill_page(items, page)
+            ranges
+                .iter()
+                .map(|range| page_of(&table, range, page))
+                .collect()
         })
         .await
     }
@@ -199,6 +395,13 @@ fn failed(err: impl Into<redb::Error>) -> KvError {
     KvError::Backend {
         backend: NAME,
         reason: err.into().to_string(),
+    }
+}
+
+fn closing() -> KvError {
+    KvError::Unavailable {
+        backend: NAME,
+        reason: "the store is closing".into(),
     }
 }
 

@@ -32,8 +32,8 @@ use tikv_client::{
 
 use super::memory::first_unmet;
 use super::{
-    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvPair, KvSnapshot, PageSize,
-    PreparedWrite, Requirement, ScanPage,
+    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
+    PreparedWrite, Requirement,
 };
 
 const NAME: &str = "tikv";
@@ -251,7 +251,7 @@ impl TikvBackend {
         let required: Vec<Vec<u8>> = writes
             .iter()
             .filter(|w| w.requirement != Requirement::None)
-            .map(|w| w.key.clone())
+            .map(|w| w.key.to_vec())
             .collect();
         if !required.is_empty() {
             let present = loop {
@@ -279,10 +279,10 @@ impl TikvBackend {
         }
         let mut lock_only = Vec::new();
         for write in writes {
-            let key = Key::from(write.key.clone());
+            let key = Key::from(write.key.to_vec());
             let buffered = match (&write.write, write.requirement) {
-                (Some(Some(value)), Requirement::Absent) => txn.insert(key, value.clone()).await,
-                (Some(Some(value)), _) => txn.put(key, value.clone()).await,
+                (Some(Some(value)), Requirement::Absent) => txn.insert(key, value.to_vec()).await,
+                (Some(Some(value)), _) => txn.put(key, value.to_vec()).await,
                 (Some(None), _) => txn.delete(key).await,
                 (None, _) => {
                     lock_only.push(key);
@@ -445,7 +445,7 @@ impl KvSnapshot for Snapshot {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut found: BTreeMap<Vec<u8>, Vec<u8>> = self
+        let found: BTreeMap<Vec<u8>, Vec<u8>> = self
             .retrying(|mut reader| {
                 let keys = keys.to_vec();
                 async move {
@@ -460,25 +460,13 @@ impl KvSnapshot for Snapshot {
                 }
             })
             .await?;
-        // A key asked for twice is answered twice; only its last mention may take the value.
-        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            let later = keys.iter().skip(i + 1).any(|k| k == key);
-            out.push(if later {
-                found.get(key).cloned()
-            } else {
-                found.remove(key)
-            });
-        }
-        Ok(out)
+        // A key asked for twice is answered twice.
+        Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
     }
 
-    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<ScanPage, KvError> {
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
         if range.is_empty() {
-            return Ok(ScanPage {
-                pairs: Vec::new(),
-                exhausted: true,
-            });
+            return Ok(Page::exhausted_empty());
         }
         let mut limit = page.rows.clamp(1, MAX_SCAN_ROWS);
         let pairs = loop {
@@ -497,19 +485,17 @@ impl KvSnapshot for Snapshot {
             }
         };
         let returned = pairs.len();
-        let mut out = ScanPage::default();
-        let mut bytes = 0;
+        let mut out = Page::with_capacity(returned, 0);
         for pair in pairs {
-            if out.pairs.len() >= page.rows || bytes >= page.bytes {
+            if page.is_full(out.len(), out.bytes()) {
                 break;
             }
             let (key, value): (Key, Vec<u8>) = pair.into();
-            let key = Vec::from(key);
-            bytes += key.len() + value.len();
-            out.pairs.push(KvPair { key, value });
+            out.push(&Vec::from(key), &value);
         }
         // Fewer rows than asked for means the client read every region of the range to its end.
-        out.exhausted = out.pairs.len() == returned && returned < limit;
+        let exhausted = out.len() == returned && returned < limit;
+        out.set_exhausted(exhausted);
         Ok(out)
     }
 }

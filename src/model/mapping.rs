@@ -31,3 +31,27 @@ pub struct NameMapping {
     /// `is_partition`: the value comes from the file's hive path, not its body.
     pub is_partition: bool,
 }
+
+impl ColumnMapping {
+    /// The record's `ducklake_column_mapping` row.
+    #[must_use]
+    pub fn column_row(&self) -> super::ColumnMappingRow {
+        super::ColumnMappingRow {
+            mapping_id: Some(self.mapping_id.0),
+            table_id: Some(self.table_id.0),
+            map_type: self.map_type.clone(),
+        }
+    }
+
+    /// The record's `ducklake_name_mapping` rows, flat-mapped from the embedded names.
+    pub fn name_rows(&self) -> impl Iterator<Item = super::NameMappingRow> + '_ {
+        self.names.iter().map(|name| super::NameMappingRow {
+            mapping_id: Some(self.mapping_id.0),
+            column_id: Some(name.column_id.0),
+            source_name: Some(name.source_name.clone()),
+            target_field_id: Some(name.target_field_id.0),
+            parent_column: name.parent_column.map(|c| c.0),
+            is_partition: Some(name.is_partition),
+        })
+    }
+}

@@ -1,186 +1,130 @@
-//! The served tables' Arrow schemas, and the builders that turn records into record batches.
+//! Stored records straight into Arrow: pages of records decoded in place, their values
+//! appended to builders of the projected columns only. No record is materialized, and
+//! nothing is allocated per row.
 //!
-//! Schemas follow DuckLake's catalog DDL exactly (BIGINT → Int64, VARCHAR → Utf8, BOOLEAN →
-//! Boolean; every column nullable but the data-file primary key). The builders append only the
-//! projected columns: a projection is applied while a batch is built, never after.
+//! The served tables' schemas come from the column tables ([`crate::batch`]). A projection is
+//! applied while a batch is built, never after.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, BooleanBuilder, Int64Builder, StringBuilder};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
-use crate::model::{CatalogTable, ColumnMapping, DataFile};
+use crate::batch::{ColumnBuilder, mapping_load_schema, table_schema};
+use crate::catalog::{check_data_file, check_mapping};
+use crate::codec::{Keyspace, MappingHead, NameRef};
+use crate::error::Result;
+use crate::kv::Page;
+use crate::model::{CatalogTable, Cell, mapping_load_columns};
 
-const COLUMN_MAPPING: &[(&str, DataType)] = &[
-    ("mapping_id", DataType::Int64),
-    ("table_id", DataType::Int64),
-    ("type", DataType::Utf8),
-];
-
-const NAME_MAPPING: &[(&str, DataType)] = &[
-    ("mapping_id", DataType::Int64),
-    ("column_id", DataType::Int64),
-    ("source_name", DataType::Utf8),
-    ("target_field_id", DataType::Int64),
-    ("parent_column", DataType::Int64),
-    ("is_partition", DataType::Boolean),
-];
-
-const DATA_FILE: &[(&str, DataType)] = &[
-    ("data_file_id", DataType::Int64),
-    ("table_id", DataType::Int64),
-    ("begin_snapshot", DataType::Int64),
-    ("end_snapshot", DataType::Int64),
-    ("file_order", DataType::Int64),
-    ("path", DataType::Utf8),
-    ("path_is_relative", DataType::Boolean),
-    ("file_format", DataType::Utf8),
-    ("record_count", DataType::Int64),
-    ("file_size_bytes", DataType::Int64),
-    ("footer_size", DataType::Int64),
-    ("row_id_start", DataType::Int64),
-    ("partition_id", DataType::Int64),
-    ("encryption_key", DataType::Utf8),
-    ("partial_file_info", DataType::Utf8),
-    ("mapping_id", DataType::Int64),
-];
-
-fn schema_of(columns: &[(&str, DataType)], not_null: Option<&str>) -> SchemaRef {
-    Arc::new(Schema::new(
-        columns
-            .iter()
-            .map(|(name, ty)| Field::new(*name, ty.clone(), Some(*name) != not_null))
-            .collect::<Vec<_>>(),
-    ))
-}
-
-static SCHEMAS: LazyLock<[SchemaRef; 3]> = LazyLock::new(|| {
-    [
-        schema_of(COLUMN_MAPPING, None),
-        schema_of(NAME_MAPPING, None),
-        schema_of(DATA_FILE, Some("data_file_id")),
-    ]
-});
-
-/// The Arrow schema of `table`, as DuckLake defines the table.
-#[must_use]
-pub fn table_schema(table: CatalogTable) -> SchemaRef {
-    let [column_mapping, name_mapping, data_file] = &*SCHEMAS;
-    Arc::clone(match table {
-        CatalogTable::ColumnMapping => column_mapping,
-        CatalogTable::NameMapping => name_mapping,
-        CatalogTable::DataFile => data_file,
-    })
-}
-
-enum Column {
-    Int(Int64Builder),
-    Text(StringBuilder),
-    Bool(BooleanBuilder),
-}
-
-impl Column {
-    fn new(ty: &DataType, capacity: usize) -> Self {
-        match ty {
-            DataType::Utf8 => Column::Text(StringBuilder::with_capacity(capacity, capacity * 16)),
-            DataType::Boolean => Column::Bool(BooleanBuilder::with_capacity(capacity)),
-            _ => Column::Int(Int64Builder::with_capacity(capacity)),
-        }
-    }
-
-    fn int(&mut self, value: Option<i64>) {
-        if let Column::Int(b) = self {
-            b.append_option(value);
-        }
-    }
-
-    fn text(&mut self, value: Option<&str>) {
-        if let Column::Text(b) = self {
-            b.append_option(value);
-        }
-    }
-
-    fn bool(&mut self, value: Option<bool>) {
-        if let Column::Bool(b) = self {
-            b.append_option(value);
-        }
-    }
-
-    fn finish(&mut self) -> ArrayRef {
-        match self {
-            Column::Int(b) => Arc::new(b.finish()),
-            Column::Text(b) => Arc::new(b.finish()),
-            Column::Bool(b) => Arc::new(b.finish()),
-        }
-    }
-}
-
-/// What a builder builds rows of.
-#[derive(Debug, Clone, Copy)]
-enum Shape {
+/// What rows are built from the records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// A catalog table's rows: one per mapping record, one per embedded name row, or one per
+    /// data-file record.
     Table(CatalogTable),
-    /// The join of the two mapping tables ([`super::load`]).
+    /// DuckLake's mapping load: the join of the two mapping tables on `mapping_id`, each
+    /// mapping's rows parents first (`parent_column NULLS FIRST`), then by `column_id`.
     MappingLoad,
 }
 
-/// Builds record batches of one table, with only the projected columns.
-pub struct BatchBuilder {
-    shape: Shape,
-    schema: SchemaRef,
-    /// Index into the table's columns of each output column.
+impl Shape {
+    /// The full schema of the shape.
+    #[must_use]
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            Shape::Table(table) => table_schema(table),
+            Shape::MappingLoad => mapping_load_schema(),
+        }
+    }
+
+    /// Whether rows come from mapping records.
+    #[must_use]
+    pub fn reads_mappings(self) -> bool {
+        !matches!(self, Shape::Table(CatalogTable::DataFile))
+    }
+}
+
+/// The builders of the projected columns and the rows they hold.
+#[derive(Debug)]
+struct Out {
+    /// Index into the shape's columns of each output column.
     projection: Vec<usize>,
-    columns: Vec<Column>,
+    builders: Vec<ColumnBuilder>,
     rows: usize,
 }
 
-impl BatchBuilder {
-    /// A builder of `table`'s batches with the columns `projection` (all when `None`).
+impl Out {
+    /// Appends one row whose column `i` of the shape is `cell(i)`.
+    #[inline]
+    fn row<'a>(&mut self, cell: impl Fn(usize) -> Cell<'a>) {
+        for (builder, &i) in self.builders.iter_mut().zip(&self.projection) {
+            match cell(i) {
+                Cell::BigInt(v) => builder.int(Some(v)),
+                Cell::Varchar(v) => builder.text(Some(v)),
+                Cell::Boolean(v) => builder.boolean(Some(v)),
+                Cell::Null => builder.cell(Cell::Null),
+            }
+        }
+        self.rows += 1;
+    }
+}
+
+/// Builds record batches of one shape, with only the projected columns, from pages of
+/// records: [`set_page`](Self::set_page), then [`fill`](Self::fill) up to a batch's rows and
+/// [`finish`](Self::finish), until the page is used up.
+#[derive(Debug)]
+pub struct RecordBuilder {
+    shape: Shape,
+    schema: SchemaRef,
+    out: Out,
+    /// The records being built from, and the next one.
+    input: Page,
+    at: usize,
+    /// The mapping load's last group of `mapping_id` of the previous page, which may go on
+    /// in the next.
+    carry: Page,
+}
+
+impl RecordBuilder {
+    /// A builder of `shape`'s batches with the columns `projection` (all when `None`), with
+    /// room for `capacity` rows.
     ///
     /// # Errors
-    /// When a projected index is not a column of the table.
+    /// When a projected index is not a column of the shape.
     pub fn new(
-        table: CatalogTable,
-        projection: Option<&[usize]>,
-        capacity: usize,
-    ) -> Result<Self, ArrowError> {
-        Self::build(Shape::Table(table), projection, capacity)
-    }
-
-    /// A builder of the mapping load join's batches ([`super::load`]).
-    ///
-    /// # Errors
-    /// When a projected index is not a column of the join.
-    pub fn mapping_load(projection: Option<&[usize]>, capacity: usize) -> Result<Self, ArrowError> {
-        Self::build(Shape::MappingLoad, projection, capacity)
-    }
-
-    fn build(
         shape: Shape,
         projection: Option<&[usize]>,
         capacity: usize,
     ) -> Result<Self, ArrowError> {
-        let full = match shape {
-            Shape::Table(table) => table_schema(table),
-            Shape::MappingLoad => super::load::mapping_load_schema(),
-        };
+        let full = shape.schema();
         let projection: Vec<usize> = match projection {
             Some(p) => p.to_vec(),
             None => (0..full.fields().len()).collect(),
         };
         let schema = Arc::new(full.project(&projection)?);
-        let columns = schema
-            .fields()
+        let columns = match shape {
+            Shape::Table(table) => table.columns(),
+            Shape::MappingLoad => mapping_load_columns(),
+        };
+        let builders = projection
             .iter()
-            .map(|f| Column::new(f.data_type(), capacity))
+            .filter_map(|&i| columns.get(i))
+            .map(|c| ColumnBuilder::new(c.ty, capacity))
             .collect();
         Ok(Self {
             shape,
             schema,
-            projection,
-            columns,
-            rows: 0,
+            out: Out {
+                projection,
+                builders,
+                rows: 0,
+            },
+            input: Page::default(),
+            at: 0,
+            carry: Page::default(),
         })
     }
 
@@ -193,101 +137,107 @@ impl BatchBuilder {
     /// Rows appended since the last [`finish`](Self::finish).
     #[must_use]
     pub fn rows(&self) -> usize {
-        self.rows
+        self.out.rows
     }
 
-    /// Appends the rows of a mapping record: one for `ducklake_column_mapping`, one per
-    /// embedded name for `ducklake_name_mapping`.
-    pub fn append_mapping(&mut self, mapping: &ColumnMapping) {
-        let Shape::Table(table) = self.shape else {
-            self.append_load_group(std::slice::from_ref(mapping));
-            return;
+    /// Whether every record of the current page has been used.
+    #[must_use]
+    pub fn page_done(&self) -> bool {
+        self.at >= self.input.len()
+    }
+
+    /// Takes the next page of records (of this shape's kind) to build from; `last` says it
+    /// ends the scan. The previous page must be used up.
+    pub fn set_page(&mut self, page: Page, last: bool) {
+        let mut input = if self.carry.is_empty() {
+            page
+        } else {
+            let mut joined = std::mem::take(&mut self.carry);
+            for (key, value) in page.iter() {
+                joined.push(key, value);
+            }
+            joined
         };
-        match table {
-            CatalogTable::ColumnMapping => {
-                for (column, &index) in self.columns.iter_mut().zip(&self.projection) {
-                    match index {
-                        0 => column.int(Some(mapping.mapping_id.0)),
-                        1 => column.int(Some(mapping.table_id.0)),
-                        _ => column.text(mapping.map_type.as_deref()),
+        if self.shape == Shape::MappingLoad && !last {
+            // The last group of one `mapping_id` may go on in the next page: keep it for then.
+            let id_of = |value: &[u8]| {
+                crate::codec::read_mapping(value)
+                    .ok()
+                    .map(|record| record.head().mapping_id)
+            };
+            let last_id = input.iter().next_back().and_then(|(_, value)| id_of(value));
+            if let Some(last_id) = last_id {
+                let tail = input
+                    .iter()
+                    .rev()
+                    .take_while(|(_, value)| id_of(value) == Some(last_id))
+                    .count();
+                let split = input.len() - tail;
+                for (key, value) in input.iter().skip(split) {
+                    self.carry.push(key, value);
+                }
+                input.truncate(split);
+            }
+        }
+        self.input = input;
+        self.at = 0;
+    }
+
+    /// Appends the rows of the current page's records, checked against their keys, until the
+    /// builder holds `limit` rows or the page is used up; a record's rows (and a mapping load
+    /// group's) always go into one batch. `keep` says which row ids to keep.
+    ///
+    /// # Errors
+    /// [`Error::Codec`](crate::Error::Codec) for a record that does not decode or does not
+    /// belong under its key.
+    pub fn fill(
+        &mut self,
+        keyspace: &Keyspace,
+        limit: usize,
+        keep: &dyn Fn(i64) -> bool,
+    ) -> Result<()> {
+        let Self {
+            shape,
+            out,
+            input,
+            at,
+            ..
+        } = self;
+        while out.rows < limit {
+            let Some((key, value)) = input.get(*at) else {
+                break;
+            };
+            match *shape {
+                Shape::Table(CatalogTable::DataFile) => {
+                    let record = check_data_file(keyspace, key, value)?;
+                    if keep(record.data_file_id()) {
+                        out.row(|i| record.cell(i));
                     }
                 }
-                self.rows += 1;
-            }
-            CatalogTable::NameMapping => {
-                for name in &mapping.names {
-                    for (column, &index) in self.columns.iter_mut().zip(&self.projection) {
-                        match index {
-                            0 => column.int(Some(mapping.mapping_id.0)),
-                            1 => column.int(Some(name.column_id.0)),
-                            2 => column.text(Some(&name.source_name)),
-                            3 => column.int(Some(name.target_field_id.0)),
-                            4 => column.int(name.parent_column.map(|c| c.0)),
-                            _ => column.bool(Some(name.is_partition)),
+                Shape::Table(CatalogTable::ColumnMapping) => {
+                    let head = check_mapping(keyspace, key, value)?.head();
+                    if keep(head.mapping_id) {
+                        out.row(|i| head_cell(&head, i));
+                    }
+                }
+                Shape::Table(CatalogTable::NameMapping) => {
+                    let record = check_mapping(keyspace, key, value)?;
+                    let head = record.head();
+                    if keep(head.mapping_id) {
+                        for name in record.names() {
+                            let name = name?;
+                            out.row(|i| name_table_cell(&head, &name, i));
                         }
                     }
                 }
-                self.rows += mapping.names.len();
-            }
-            CatalogTable::DataFile => {}
-        }
-    }
-
-    /// Appends the mapping load rows of `group`, the records of one `mapping_id`, parents
-    /// first (`parent_column NULLS FIRST`), then by `column_id`. As in a SQL catalog, whose
-    /// name rows carry no `table_id`, every record of the group joins every name row of the
-    /// group (one record: its own rows).
-    pub fn append_load_group(&mut self, group: &[ColumnMapping]) {
-        let mut rows: Vec<(&ColumnMapping, &crate::model::NameMapping)> = group
-            .iter()
-            .flat_map(|mapping| {
-                group
-                    .iter()
-                    .flat_map(|owner| owner.names.iter())
-                    .map(move |name| (mapping, name))
-            })
-            .collect();
-        rows.sort_by_key(|(_, name)| (name.parent_column.map(|c| c.0), name.column_id.0));
-        for (mapping, name) in &rows {
-            for (column, &index) in self.columns.iter_mut().zip(&self.projection) {
-                match index {
-                    0 => column.int(Some(mapping.mapping_id.0)),
-                    1 => column.int(Some(mapping.table_id.0)),
-                    2 => column.text(mapping.map_type.as_deref()),
-                    3 => column.int(Some(name.column_id.0)),
-                    4 => column.text(Some(&name.source_name)),
-                    5 => column.int(Some(name.target_field_id.0)),
-                    6 => column.int(name.parent_column.map(|c| c.0)),
-                    _ => column.bool(Some(name.is_partition)),
+                Shape::MappingLoad => {
+                    *at += append_load_group(out, keyspace, input, *at, keep)?;
+                    continue;
                 }
             }
+            *at += 1;
         }
-        self.rows += rows.len();
-    }
-
-    /// Appends the row of a data file.
-    pub fn append_data_file(&mut self, file: &DataFile) {
-        for (column, &index) in self.columns.iter_mut().zip(&self.projection) {
-            match index {
-                0 => column.int(Some(file.data_file_id.0)),
-                1 => column.int(Some(file.table_id.0)),
-                2 => column.int(file.begin_snapshot),
-                3 => column.int(file.end_snapshot),
-                4 => column.int(file.file_order),
-                5 => column.text(file.path.as_deref()),
-                6 => column.bool(file.path_is_relative),
-                7 => column.text(file.file_format.as_deref()),
-                8 => column.int(file.record_count),
-                9 => column.int(file.file_size_bytes),
-                10 => column.int(file.footer_size),
-                11 => column.int(file.row_id_start),
-                12 => column.int(file.partition_id),
-                13 => column.text(file.encryption_key.as_deref()),
-                14 => column.text(file.partial_file_info.as_deref()),
-                _ => column.int(file.mapping_id.map(|m| m.0)),
-            }
-        }
-        self.rows += 1;
+        Ok(())
     }
 
     /// The rows appended so far as one batch; the builder starts over empty.
@@ -295,9 +245,94 @@ impl BatchBuilder {
     /// # Errors
     /// Only on an internal inconsistency of the builders.
     pub fn finish(&mut self) -> Result<RecordBatch, ArrowError> {
-        let arrays: Vec<ArrayRef> = self.columns.iter_mut().map(Column::finish).collect();
-        let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
-        self.rows = 0;
+        let arrays: Vec<ArrayRef> = self
+            .out
+            .builders
+            .iter_mut()
+            .map(ColumnBuilder::finish)
+            .collect();
+        let options = RecordBatchOptions::new().with_row_count(Some(self.out.rows));
+        self.out.rows = 0;
         RecordBatch::try_new_with_options(self.schema(), arrays, &options)
+    }
+}
+
+/// Appends the mapping load's rows of the group of records of one `mapping_id` that starts
+/// at record `at` of `records` (one record, unless two tables use the same id); returns how
+/// many records the group holds. As in a SQL catalog, whose name rows carry no `table_id`,
+/// every record of the group joins every name row of the group; the rows leave parents first
+/// (`parent_column NULLS FIRST`), then by `column_id`.
+fn append_load_group(
+    out: &mut Out,
+    keyspace: &Keyspace,
+    records: &Page,
+    at: usize,
+    keep: &dyn Fn(i64) -> bool,
+) -> Result<usize> {
+    let mut heads: Vec<MappingHead<'_>> = Vec::with_capacity(1);
+    let mut names: Vec<NameRef<'_>> = Vec::with_capacity(32);
+    let mut id = None;
+    let mut taken = 0;
+    while let Some((key, value)) = records.get(at + taken) {
+        let record = check_mapping(keyspace, key, value)?;
+        let head = record.head();
+        if id.is_some_and(|id| id != head.mapping_id) {
+            break;
+        }
+        id = Some(head.mapping_id);
+        heads.push(head);
+        for name in record.names() {
+            names.push(name?);
+        }
+        taken += 1;
+    }
+    if id.is_some_and(keep) {
+        if !names.windows(2).all(|w| {
+            matches!(w, [a, b] if (a.parent_column, a.column_id) <= (b.parent_column, b.column_id))
+        }) {
+            names.sort_by_key(|name| (name.parent_column, name.column_id));
+        }
+        for name in &names {
+            for head in &heads {
+                out.row(|i| load_cell(head, name, i));
+            }
+        }
+    }
+    Ok(taken.max(1))
+}
+
+/// Column `i` of `ducklake_column_mapping` for a record's head.
+fn head_cell<'a>(head: &MappingHead<'a>, i: usize) -> Cell<'a> {
+    match i {
+        0 => Cell::BigInt(head.mapping_id),
+        1 => Cell::BigInt(head.table_id),
+        _ => head.map_type.map_or(Cell::Null, Cell::Varchar),
+    }
+}
+
+/// Column `i` of a name row without its `mapping_id`: `column_id` first.
+fn name_cell<'a>(name: &NameRef<'a>, i: usize) -> Cell<'a> {
+    match i {
+        0 => Cell::BigInt(name.column_id),
+        1 => Cell::Varchar(name.source_name),
+        2 => Cell::BigInt(name.target_field_id),
+        3 => name.parent_column.map_or(Cell::Null, Cell::BigInt),
+        _ => Cell::Boolean(name.is_partition),
+    }
+}
+
+/// Column `i` of `ducklake_name_mapping`.
+fn name_table_cell<'a>(head: &MappingHead<'a>, name: &NameRef<'a>, i: usize) -> Cell<'a> {
+    match i.checked_sub(1) {
+        None => Cell::BigInt(head.mapping_id),
+        Some(i) => name_cell(name, i),
+    }
+}
+
+/// Column `i` of the mapping load: the mapping's three columns, then the name row's.
+fn load_cell<'a>(head: &MappingHead<'a>, name: &NameRef<'a>, i: usize) -> Cell<'a> {
+    match i.checked_sub(3) {
+        None => head_cell(head, i),
+        Some(i) => name_cell(name, i),
     }
 }

@@ -374,6 +374,7 @@ impl QueryEngine {
             }
             Action::Insert { columns } => {
                 let mut decoder: Option<RowDecoder> = None;
+                let mut ops = Vec::new();
                 while let Some(batch) = stream.try_next().await.map_err(from_datafusion)? {
                     let batch = renamed(&batch, columns, write.table)?;
                     let decoder = match &mut decoder {
@@ -384,9 +385,9 @@ impl QueryEngine {
                             MissingColumns::Null,
                         )?),
                     };
-                    decoder.push(&batch)?;
+                    ops.extend(decoder.decode(&batch)?);
                 }
-                Ok(decoder.map(RowDecoder::into_ops).unwrap_or_default())
+                Ok(ops)
             }
         }
     }

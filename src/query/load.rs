@@ -4,70 +4,42 @@
 //!
 //! DuckLake's query (`... FROM ducklake_column_mapping JOIN ducklake_name_mapping USING
 //! (mapping_id) [WHERE mapping_id >= c] ORDER BY mapping_id, parent_column NULLS FIRST`) is
-//! rewritten to read this table ([`rewrite`](super::rewrite)). The records come through the
-//! `mapping_id` index, so they arrive in `mapping_id` order and a cursor reads only the index
-//! range past it; each record's rows leave parents first. The scan declares that order, so
-//! DataFusion plans neither the join nor the sort: one pass, each record decoded once.
+//! rewritten to read this table ([`rewrite`](super::rewrite)). The scan declares the load's
+//! order, so DataFusion plans neither the join nor the sort: one pass, each record decoded
+//! once, in one of three ways:
+//! - every mapping, or a `mapping_id` range (the cursor): in `mapping_id` order through the
+//!   id index, each index page's records read as ranges of their tables;
+//! - one table (`table_id = X`): that table's range, which is in `mapping_id` order already;
+//! - a few tables: their ranges merged by `mapping_id`.
+//!
+//! So a table-scoped load reads that table's range only, whatever the catalog's size.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
 use datafusion::datasource::{TableProvider, TableType};
-use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
-use futures::stream::{self, StreamExt as _};
-use std::collections::VecDeque;
 
-use super::arrow::BatchBuilder;
+use super::arrow::Shape;
+use super::provider::table_ranges;
 use super::pushdown::{IdSet, KeyConstraints, constraint};
+use super::scan::{Access, CatalogScanExec};
+use crate::batch::mapping_load_schema;
 use crate::catalog::CatalogSnapshot;
-use crate::kv::PageSize;
-use crate::model::{CatalogTable, ColumnMapping};
+use crate::codec::Kind;
+use crate::model::CatalogTable;
 
 /// The name the rewritten query reads. Not listed in the catalog metadata.
 pub const MAPPING_LOAD_TABLE: &str = "__moraine_mapping_load";
 
-/// The joined columns, in the order `SELECT *` of the join gives them.
-pub const COLUMNS: [&str; 8] = [
-    "mapping_id",
-    "table_id",
-    "type",
-    "column_id",
-    "source_name",
-    "target_field_id",
-    "parent_column",
-    "is_partition",
-];
-
-/// The joined schema: every column nullable, as in both tables.
-#[must_use]
-pub fn mapping_load_schema() -> SchemaRef {
-    let types = [
-        DataType::Int64,
-        DataType::Int64,
-        DataType::Utf8,
-        DataType::Int64,
-        DataType::Utf8,
-        DataType::Int64,
-        DataType::Int64,
-        DataType::Boolean,
-    ];
-    Arc::new(Schema::new(
-        COLUMNS
-            .iter()
-            .zip(types)
-            .map(|(name, ty)| Field::new(*name, ty, true))
-            .collect::<Vec<_>>(),
-    ))
-}
+/// Most tables a table-scoped load merges; a larger set reads the id index instead.
+const MAX_MERGED_TABLES: usize = 64;
 
 /// The joined table over one snapshot.
 #[derive(Debug)]
@@ -97,12 +69,11 @@ impl TableProvider for MappingLoadProvider {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        // Only `mapping_id` narrows the index range; `table_id` would need the table ranges,
-        // which lose the `mapping_id` order.
+        // `mapping_id` and `table_id` are the keys of the mapping records.
         Ok(filters
             .iter()
             .map(
-                |filter| match constraint(CatalogTable::NameMapping, filter) {
+                |filter| match constraint(CatalogTable::ColumnMapping, filter) {
                     Some(_) => TableProviderFilterPushDown::Exact,
                     None => TableProviderFilterPushDown::Unsupported,
                 },
@@ -117,19 +88,61 @@ impl TableProvider for MappingLoadProvider {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let ids = KeyConstraints::of(CatalogTable::NameMapping, filters)
-            .rows
-            .unwrap_or_else(IdSet::all);
-        let partition = LoadPartition::new(self.snapshot.clone(), ids, projection.cloned())?;
-        let schema = Arc::clone(partition.schema());
-        let ordering = output_ordering(&schema);
-        Ok(Arc::new(StreamingTableExec::try_new(
-            schema,
-            vec![Arc::new(partition)],
-            None,
-            ordering,
-            false,
-            None,
+        let constraints = KeyConstraints::of(CatalogTable::ColumnMapping, filters);
+        let rows = constraints.rows;
+        let (access, keep) = match constraints.tables {
+            None => (
+                Access::IdOrder {
+                    ids: rows.unwrap_or_else(IdSet::all),
+                    tables: None,
+                },
+                None,
+            ),
+            Some(tables) => match tables.enumerate(MAX_MERGED_TABLES) {
+                Some(list) if list.len() <= 1 => (
+                    Access::Ranges {
+                        ranges: table_ranges(&self.snapshot, Kind::Mapping, &tables, rows.as_ref()),
+                        tables: Some(tables),
+                    },
+                    rows,
+                ),
+                Some(list) => {
+                    let one_each: Vec<IdSet> = list.iter().map(|&t| IdSet::single(t)).collect();
+                    (
+                        Access::Merge {
+                            ranges: one_each
+                                .iter()
+                                .flat_map(|t| {
+                                    table_ranges(&self.snapshot, Kind::Mapping, t, rows.as_ref())
+                                })
+                                .collect(),
+                            tables: list,
+                        },
+                        rows,
+                    )
+                }
+                None => (
+                    Access::IdOrder {
+                        ids: rows.unwrap_or_else(IdSet::all),
+                        tables: Some(tables),
+                    },
+                    None,
+                ),
+            },
+        };
+        let schema = mapping_load_schema();
+        let projected = match projection {
+            Some(p) => Arc::new(schema.project(p)?),
+            None => schema,
+        };
+        Ok(Arc::new(CatalogScanExec::try_new(
+            Shape::MappingLoad,
+            self.snapshot.clone(),
+            access,
+            keep,
+            projection.cloned(),
+            1,
+            output_ordering(&projected),
         )?))
     }
 }
@@ -150,115 +163,6 @@ fn output_ordering(schema: &SchemaRef) -> Option<LexOrdering> {
     let mut exprs = vec![sort("mapping_id", false)?];
     exprs.extend(sort("parent_column", true));
     LexOrdering::new(exprs)
-}
-
-/// The one partition of the joined scan.
-struct LoadPartition {
-    snapshot: CatalogSnapshot,
-    ids: IdSet,
-    projection: Option<Vec<usize>>,
-    schema: SchemaRef,
-}
-
-impl std::fmt::Debug for LoadPartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadPartition")
-            .field("ids", &self.ids)
-            .field("projection", &self.projection)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LoadPartition {
-    fn new(
-        snapshot: CatalogSnapshot,
-        ids: IdSet,
-        projection: Option<Vec<usize>>,
-    ) -> Result<Self, DataFusionError> {
-        let schema = BatchBuilder::mapping_load(projection.as_deref(), 0)?.schema();
-        Ok(Self {
-            snapshot,
-            ids,
-            projection,
-            schema,
-        })
-    }
-}
-
-/// The records of one `mapping_id` (one, unless two tables use the same id), waiting for the
-/// next id so that all their rows leave together, parents first.
-#[derive(Default)]
-struct Group(Vec<ColumnMapping>);
-
-impl Group {
-    /// Adds `mapping`; returns the finished group when `mapping` starts a new one.
-    fn push(&mut self, mapping: ColumnMapping) -> Option<Vec<ColumnMapping>> {
-        let same = self
-            .0
-            .first()
-            .is_none_or(|first| first.mapping_id == mapping.mapping_id);
-        let done = (!same).then(|| std::mem::take(&mut self.0));
-        self.0.push(mapping);
-        done
-    }
-
-    fn take(&mut self) -> Vec<ColumnMapping> {
-        std::mem::take(&mut self.0)
-    }
-}
-
-impl PartitionStream for LoadPartition {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let batch_size = ctx.session_config().batch_size().max(1);
-        let schema = Arc::clone(&self.schema);
-        let Ok(builder) = BatchBuilder::mapping_load(self.projection.as_deref(), batch_size) else {
-            return Box::pin(RecordBatchStreamAdapter::new(schema, stream::empty()));
-        };
-        let records = self
-            .snapshot
-            .mappings_by_id(self.ids.ranges().to_vec(), PageSize::default());
-        let state = Some((records, builder, Group::default(), VecDeque::new()));
-        let batches = stream::unfold(state, move |state| async move {
-            let (mut records, mut builder, mut group, mut ready) = state?;
-            loop {
-                if let Some(batch) = ready.pop_front() {
-                    return Some((batch, Some((records, builder, group, ready))));
-                }
-                let mut emit = |builder: &mut BatchBuilder, done: Vec<ColumnMapping>| {
-                    builder.append_load_group(&done);
-                    if builder.rows() >= batch_size {
-                        ready.push_back(builder.finish().map_err(DataFusionError::from));
-                    }
-                };
-                match records.next().await {
-                    Some(Ok(page)) => {
-                        for mapping in page {
-                            if let Some(done) = group.push(mapping) {
-                                emit(&mut builder, done);
-                            }
-                        }
-                    }
-                    Some(Err(err)) => return Some((Err(super::to_datafusion(err)), None)),
-                    None => {
-                        let last = group.take();
-                        if !last.is_empty() {
-                            emit(&mut builder, last);
-                            continue;
-                        }
-                        if builder.rows() > 0 {
-                            return Some((builder.finish().map_err(DataFusionError::from), None));
-                        }
-                        return None;
-                    }
-                }
-            }
-        });
-        Box::pin(RecordBatchStreamAdapter::new(schema, batches))
-    }
 }
 
 #[cfg(test)]
@@ -304,11 +208,11 @@ mod tests {
                 parent_column: parent.map(|p| p + 10 * table_id),
                 is_partition: Some(false),
             })
-            .collect();
+            .collect::<Vec<_>>();
             let mut batch = StagedBatch::new();
             batch
-                .push(Op::Insert(Insert::ColumnMappings(vec![map])))
-                .push(Op::Insert(Insert::NameMappings(names)));
+                .push(Op::Insert(Insert::column_mappings(&[map])))
+                .push(Op::Insert(Insert::name_mappings(&names)));
             commit_batch(&catalog, &batch).await.expect("committed");
         }
         QueryEngine::new(catalog)

@@ -1,7 +1,7 @@
 //! DataFusion integration: the three catalog tables as table providers over one snapshot,
 //! and the client's SQL run over them.
 //!
-//! Every query plans against a fresh [`CatalogSnapshot`](crate::catalog::CatalogSnapshot), so
+//! Every query plans against a fresh [`crate::catalog::CatalogSnapshot`], so
 //! a query that reads several tables (DuckLake's join) reads one consistent state. The SQL
 //! surface is read-only: DDL, DML (`COPY` included) and statements are refused by DataFusion's
 //! SQL options before planning, and no file-reading table functions are registered.

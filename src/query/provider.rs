@@ -9,13 +9,14 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::streaming::StreamingTableExec;
 
-use super::arrow::table_schema;
-use super::pushdown::{KeyConstraints, constraint};
-use super::scan::ScanPartition;
+use super::arrow::Shape;
+use super::pushdown::{IdSet, KeyConstraints, constraint};
+use super::scan::{Access, CatalogScanExec};
+use crate::batch::table_schema;
 use crate::catalog::CatalogSnapshot;
-use crate::model::CatalogTable;
+use crate::codec::Kind;
+use crate::model::{CatalogTable, TableId};
 
 /// A catalog table as DataFusion sees it: DuckLake's schema, key filters pushed into the scan.
 #[derive(Debug)]
@@ -30,6 +31,26 @@ impl CatalogTableProvider {
     pub fn new(table: CatalogTable, snapshot: CatalogSnapshot) -> Self {
         Self { table, snapshot }
     }
+}
+
+/// The key ranges of `tables` in row kind `kind`, each narrowed to the ids `rows` admit when
+/// it is one table.
+pub(super) fn table_ranges(
+    snapshot: &CatalogSnapshot,
+    kind: Kind,
+    tables: &IdSet,
+    rows: Option<&IdSet>,
+) -> Vec<crate::kv::KeyRange> {
+    let keyspace = snapshot.keyspace();
+    let hull = rows.and_then(IdSet::hull);
+    tables
+        .ranges()
+        .iter()
+        .map(|range| match (&hull, *range.start() == *range.end()) {
+            (Some(ids), true) => keyspace.row_span(kind, TableId(*range.start()), ids.clone()),
+            _ => keyspace.table_span(kind, TableId(*range.start())..=TableId(*range.end())),
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -58,25 +79,40 @@ impl TableProvider for CatalogTableProvider {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let partition = ScanPartition::new(
-            self.table,
+        let kind = match self.table {
+            CatalogTable::ColumnMapping | CatalogTable::NameMapping => Kind::Mapping,
+            CatalogTable::DataFile => Kind::DataFile,
+        };
+        let constraints = KeyConstraints::of(self.table, filters);
+        let (access, keep) = match (constraints.tables, constraints.rows) {
+            (Some(tables), rows) => (
+                Access::Ranges {
+                    ranges: table_ranges(&self.snapshot, kind, &tables, rows.as_ref()),
+                    tables: Some(tables),
+                },
+                rows,
+            ),
+            (None, Some(ids)) => (Access::IdOrder { ids, tables: None }, None),
+            (None, None) => (
+                Access::Ranges {
+                    ranges: vec![self.snapshot.keyspace().kind_range(kind)],
+                    tables: None,
+                },
+                None,
+            ),
+        };
+        Ok(Arc::new(CatalogScanExec::try_new(
+            Shape::Table(self.table),
             self.snapshot.clone(),
-            KeyConstraints::of(self.table, filters),
+            access,
+            keep,
             projection.cloned(),
-        )?;
-        let schema =
-            Arc::clone(datafusion::physical_plan::streaming::PartitionStream::schema(&partition));
-        Ok(Arc::new(StreamingTableExec::try_new(
-            schema,
-            vec![Arc::new(partition)],
-            None,
-            [],
-            false,
+            state.config().target_partitions(),
             None,
         )?))
     }

@@ -23,6 +23,12 @@ impl IdSet {
         IdSet(vec![i64::MIN..=i64::MAX])
     }
 
+    /// The one id `id`.
+    #[must_use]
+    pub fn single(id: i64) -> Self {
+        IdSet(vec![id..=id])
+    }
+
     fn from_ranges(mut ranges: Vec<RangeInclusive<i64>>) -> Self {
         ranges.retain(|r| r.start() <= r.end());
         ranges.sort_by_key(|r| *r.start());
@@ -61,7 +67,53 @@ impl IdSet {
     /// Whether `id` is in the set.
     #[must_use]
     pub fn contains(&self, id: i64) -> bool {
-        self.0.iter().any(|r| r.contains(&id))
+        // The ranges are sorted and disjoint: the last one starting at or before `id`.
+        let at = self.0.partition_point(|r| *r.start() <= id);
+        at.checked_sub(1)
+            .and_then(|i| self.0.get(i))
+            .is_some_and(|r| r.contains(&id))
+    }
+
+    /// Whether the set holds every id.
+    #[must_use]
+    pub fn is_all(&self) -> bool {
+        matches!(self.0.as_slice(), [r] if *r.start() == i64::MIN && *r.end() == i64::MAX)
+    }
+
+    /// The ids, when there are at most `max` of them.
+    #[must_use]
+    pub fn enumerate(&self, max: usize) -> Option<Vec<i64>> {
+        let mut out = Vec::new();
+        for range in &self.0 {
+            let len = range.end().checked_sub(*range.start())?.checked_add(1)?;
+            if out.len() + usize::try_from(len).ok()? > max {
+                return None;
+            }
+            out.extend(range.clone());
+        }
+        Some(out)
+    }
+
+    /// The smallest range holding every id, unless the set is empty.
+    #[must_use]
+    pub fn hull(&self) -> Option<RangeInclusive<i64>> {
+        Some(*self.0.first()?.start()..=*self.0.last()?.end())
+    }
+
+    /// The set as `EXPLAIN` shows it.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let ranges: Vec<String> = self
+            .0
+            .iter()
+            .map(|r| match (*r.start(), *r.end()) {
+                (lo, hi) if lo == hi => lo.to_string(),
+                (i64::MIN, hi) => format!("..={hi}"),
+                (lo, i64::MAX) => format!("{lo}.."),
+                (lo, hi) => format!("{lo}..={hi}"),
+            })
+            .collect();
+        format!("[{}]", ranges.join(", "))
     }
 }
 

@@ -1,180 +1,453 @@
-//! The scan of one catalog table at one snapshot: key ranges (or id-index ranges) read page by
-//! page, records turned into batches of the projected columns, streamed as they fill.
+//! The scan of the catalog at one snapshot: records found by key range, by id in index
+//! order, or by merging a few tables' ranges into id order; decoded in place into batches of
+//! the projected columns, streamed as they fill.
 //!
-//! Nothing is read before DataFusion polls the stream, and dropping the stream stops the scan.
+//! A scan by key range runs as several partitions when DataFusion asks for them: one task
+//! reads the pages in key order, a page ahead, and the partitions take pages from it as they
+//! are free, each decoding its pages on its own core. Nothing is read before DataFusion polls
+//! a stream, and dropping the streams stops the scan.
+//!
+//! `EXPLAIN` shows how a scan reads: `full scan`, the table ranges, the id ranges of the
+//! index, or the tables merged.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
-use std::sync::Arc;
+use std::ops::RangeInclusive;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::error::DataFusionError;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
 use futures::stream::{self, BoxStream, StreamExt as _};
+use tokio::sync::mpsc;
 
-use super::arrow::BatchBuilder;
-use super::pushdown::KeyConstraints;
+use super::arrow::{RecordBuilder, Shape};
+use super::pushdown::IdSet;
 use crate::catalog::CatalogSnapshot;
 use crate::codec::Kind;
-use crate::kv::PageSize;
-use crate::model::{CatalogTable, ColumnMapping, DataFile};
+use crate::kv::{KeyRange, Page, PageSize};
+use crate::model::TableId;
 
-/// Records of one page, of either kind.
-enum Records {
-    Mappings(Vec<ColumnMapping>),
-    Files(Vec<DataFile>),
+/// How a scan finds its records.
+#[derive(Debug, Clone)]
+pub enum Access {
+    /// Key ranges of the row kind, in key order: whole tables, or everything
+    /// (`full` says which, for `EXPLAIN`).
+    Ranges {
+        /// The ranges.
+        ranges: Vec<KeyRange>,
+        /// The tables they cover, for `EXPLAIN`; `None` for every table.
+        tables: Option<IdSet>,
+    },
+    /// Rows whose ids lie in `ids`, in id order, through the id index; only those of
+    /// `tables` when given.
+    IdOrder {
+        /// The row ids.
+        ids: IdSet,
+        /// The tables to keep.
+        tables: Option<IdSet>,
+    },
+    /// The ranges of a few tables, merged into id order.
+    Merge {
+        /// One range per table.
+        ranges: Vec<KeyRange>,
+        /// The tables, for `EXPLAIN`.
+        tables: Vec<i64>,
+    },
 }
 
-/// One partition of a catalog table scan.
-pub struct ScanPartition {
-    table: CatalogTable,
+/// The scan of one shape of rows at one snapshot.
+pub struct CatalogScanExec {
+    shape: Shape,
     snapshot: CatalogSnapshot,
-    constraints: KeyConstraints,
+    access: Access,
+    /// Row ids to keep, when the access reads more than the filters admit.
+    keep: Option<IdSet>,
     projection: Option<Vec<usize>>,
     schema: SchemaRef,
+    partitions: usize,
+    properties: Arc<PlanProperties>,
+    /// The page reader the partitions of the running execution share, until each partition
+    /// has taken it.
+    shared: Mutex<(Option<Arc<SharedPages>>, usize)>,
 }
 
-impl fmt::Debug for ScanPartition {
+impl fmt::Debug for CatalogScanExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScanPartition")
-            .field("table", &self.table)
-            .field("constraints", &self.constraints)
+        f.debug_struct("CatalogScanExec")
+            .field("shape", &self.shape)
+            .field("access", &self.access)
+            .field("keep", &self.keep)
             .field("projection", &self.projection)
+            .field("partitions", &self.partitions)
             .finish_non_exhaustive()
     }
 }
 
-impl ScanPartition {
-    /// A scan of `table` at `snapshot`, narrowed by `constraints`, with the columns
-    /// `projection` (all when `None`).
+impl CatalogScanExec {
+    /// A scan of `shape` at `snapshot` reading `access`, keeping rows whose ids are in `keep`,
+    /// with the columns `projection`, in `partitions` partitions (only a scan by ranges has
+    /// more than one), declaring `ordering` when it holds.
     ///
     /// # Errors
-    /// When `projection` names a column the table does not have.
-    pub fn new(
-        table: CatalogTable,
+    /// When `projection` names a column the shape does not have.
+    pub fn try_new(
+        shape: Shape,
         snapshot: CatalogSnapshot,
-        constraints: KeyConstraints,
+        access: Access,
+        keep: Option<IdSet>,
         projection: Option<Vec<usize>>,
-    ) -> Result<Self, DataFusionError> {
-        let schema = BatchBuilder::new(table, projection.as_deref(), 0)?.schema();
+        partitions: usize,
+        ordering: Option<LexOrdering>,
+    ) -> Result<Self> {
+        let schema = RecordBuilder::new(shape, projection.as_deref(), 0)?.schema();
+        let partitions = match access {
+            Access::Ranges { .. } if ordering.is_none() => partitions.max(1),
+            _ => 1,
+        };
+        let equivalences = EquivalenceProperties::new_with_orderings(
+            Arc::clone(&schema),
+            ordering.into_iter().collect::<Vec<_>>(),
+        );
+        let properties = PlanProperties::new(
+            equivalences,
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        )
+        .with_scheduling_type(SchedulingType::Cooperative);
         Ok(Self {
-            table,
+            shape,
             snapshot,
-            constraints,
+            access,
+            keep,
             projection,
             schema,
+            partitions,
+            properties: Arc::new(properties),
+            shared: Mutex::new((None, 0)),
         })
     }
 
-    /// The record pages the constraints call for.
-    fn records(&self) -> BoxStream<'static, crate::Result<Records>> {
-        let keyspace = self.snapshot.keyspace();
-        let kind = match self.table {
-            CatalogTable::ColumnMapping | CatalogTable::NameMapping => Kind::Mapping,
-            CatalogTable::DataFile => Kind::DataFile,
-        };
-        let page = PageSize::default();
-        let rows = self.constraints.rows.clone();
-        let by_index = match (&self.constraints.tables, &rows) {
-            (None, Some(ids)) => Some(ids.ranges().to_vec()),
-            _ => None,
-        };
-        let ranges = match &self.constraints.tables {
-            Some(tables) => tables
-                .ranges()
-                .iter()
-                .map(|r| keyspace.table_span(kind, (*r.start()).into()..=(*r.end()).into()))
-                .collect(),
-            None => vec![keyspace.kind_range(kind)],
-        };
-        let keep = move |id: i64| rows.as_ref().is_none_or(|ids| ids.contains(id));
-        match (kind, by_index) {
-            (Kind::Mapping, Some(ids)) => self
-                .snapshot
-                .mappings_by_id(ids, page)
-                .map(|page| page.map(Records::Mappings))
-                .boxed(),
-            (Kind::Mapping, None) => self
-                .snapshot
-                .mappings(ranges, page)
-                .map(move |page| {
-                    let mut page = page?;
-                    page.retain(|m| keep(m.mapping_id.0));
-                    Ok(Records::Mappings(page))
+    /// How the scan reads, as `EXPLAIN` shows it.
+    #[must_use]
+    pub fn describe_access(&self) -> String {
+        match &self.access {
+            Access::Ranges { tables: None, .. } => "full scan".to_owned(),
+            Access::Ranges {
+                tables: Some(tables),
+                ..
+            } => format!("table ranges {}", tables.describe()),
+            Access::IdOrder { ids, tables } => format!(
+                "id index {}{}",
+                ids.describe(),
+                tables
+                    .as_ref()
+                    .map(|t| format!(" of tables {}", t.describe()))
+                    .unwrap_or_default()
+            ),
+            Access::Merge { tables, .. } => format!("merge of tables {tables:?} in id order"),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        if self.shape.reads_mappings() {
+            Kind::Mapping
+        } else {
+            Kind::DataFile
+        }
+    }
+
+    /// The pages of one partition.
+    fn pages(&self) -> BoxStream<'static, crate::Result<Page>> {
+        match &self.access {
+            Access::Ranges { ranges, .. } => {
+                if self.partitions == 1 {
+                    return read_ahead(self.snapshot.pages(ranges.clone(), PageSize::default()), 2);
+                }
+                // One reader for the partitions of one execution, whether DataFusion runs them
+                // together or one after another; the last partition to start clears the slot
+                // for a later execution.
+                let shared = {
+                    let mut slot = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+                    let (reader, taken) = &mut *slot;
+                    let shared = Arc::clone(reader.get_or_insert_with(|| {
+                        Arc::new(SharedPages::start(
+                            self.snapshot.pages(ranges.clone(), PageSize::default()),
+                            self.partitions + 1,
+                        ))
+                    }));
+                    *taken += 1;
+                    if *taken == self.partitions {
+                        *slot = (None, 0);
+                    }
+                    shared
+                };
+                stream::unfold(shared, |shared| async move {
+                    let page = shared.pages.lock().await.recv().await?;
+                    Some((page, shared))
                 })
-                .boxed(),
-            (_, Some(ids)) => self
-                .snapshot
-                .data_files_by_id_ranges(ids, page)
-                .map(|page| page.map(Records::Files))
-                .boxed(),
-            (_, None) => self
-                .snapshot
-                .data_files(ranges, page)
-                .map(move |page| {
-                    let mut page = page?;
-                    page.retain(|f| keep(f.data_file_id.0));
-                    Ok(Records::Files(page))
-                })
-                .boxed(),
+                .boxed()
+            }
+            Access::IdOrder { ids, tables } => {
+                let keep = tables.clone().map(|tables| {
+                    Arc::new(move |table: TableId| tables.contains(table.0))
+                        as Arc<dyn Fn(TableId) -> bool + Send + Sync>
+                });
+                self.snapshot
+                    .pages_in_id_order(self.kind(), ids.ranges().to_vec(), keep)
+            }
+            Access::Merge { ranges, .. } => merged(&self.snapshot, ranges),
         }
     }
 }
 
-impl PartitionStream for ScanPartition {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
+/// Reads `pages` `ahead` pages ahead of the consumer, on a task of its own.
+fn read_ahead(
+    pages: BoxStream<'static, crate::Result<Page>>,
+    ahead: usize,
+) -> BoxStream<'static, crate::Result<Page>> {
+    let shared = Arc::new(SharedPages::start(pages, ahead));
+    stream::unfold(shared, |shared| async move {
+        let page = shared.pages.lock().await.recv().await?;
+        Some((page, shared))
+    })
+    .boxed()
+}
 
-    fn execute(&self, ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let batch_size = ctx.session_config().batch_size().max(1);
-        let builder = BatchBuilder::new(self.table, self.projection.as_deref(), batch_size);
-        let schema = Arc::clone(&self.schema);
-        let Ok(builder) = builder else {
-            // `new` checked the projection already.
-            return Box::pin(RecordBatchStreamAdapter::new(schema, stream::empty()));
-        };
-        let state = Some((self.records(), builder, VecDeque::new()));
-        let batches = stream::unfold(state, move |state| async move {
-            let (mut records, mut builder, mut ready) = state?;
-            loop {
-                if let Some(batch) = ready.pop_front() {
-                    return Some((batch, Some((records, builder, ready))));
-                }
-                match records.next().await {
-                    Some(Ok(page)) => {
-                        // Cut batches at the session's batch size, however many rows a
-                        // page of records expands to.
-                        let mut flush = |builder: &mut BatchBuilder| {
-                            if builder.rows() >= batch_size {
-                                ready.push_back(builder.finish().map_err(DataFusionError::from));
-                            }
-                        };
-                        match page {
-                            Records::Mappings(page) => {
-                                for mapping in &page {
-                                    builder.append_mapping(mapping);
-                                    flush(&mut builder);
-                                }
-                            }
-                            Records::Files(page) => {
-                                for file in &page {
-                                    builder.append_data_file(file);
-                                    flush(&mut builder);
-                                }
-                            }
-                        }
-                    }
-                    Some(Err(err)) => return Some((Err(super::to_datafusion(err)), None)),
-                    None if builder.rows() > 0 => {
-                        return Some((builder.finish().map_err(DataFusionError::from), None));
-                    }
-                    None => return None,
+/// Pages read in order by one task, taken by whichever partition asks next. When every
+/// partition has dropped its stream, the reader stops.
+struct SharedPages {
+    pages: tokio::sync::Mutex<mpsc::Receiver<crate::Result<Page>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl SharedPages {
+    fn start(mut pages: BoxStream<'static, crate::Result<Page>>, buffer: usize) -> Self {
+        let (sender, receiver) = mpsc::channel(buffer.max(1));
+        let reader = tokio::spawn(async move {
+            while let Some(page) = pages.next().await {
+                let failed = page.is_err();
+                if sender.send(page).await.is_err() || failed {
+                    return;
                 }
             }
         });
-        Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+        Self {
+            pages: tokio::sync::Mutex::new(receiver),
+            reader,
+        }
     }
+}
+
+impl Drop for SharedPages {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// The pages of a few tables' ranges, merged into id order: each table read in key order
+/// (which is id order within a table), the smallest next id taken each time.
+fn merged(
+    snapshot: &CatalogSnapshot,
+    ranges: &[KeyRange],
+) -> BoxStream<'static, crate::Result<Page>> {
+    struct Cursor {
+        pages: BoxStream<'static, crate::Result<Page>>,
+        page: Page,
+        at: usize,
+    }
+    let keyspace = snapshot.keyspace().clone();
+    let cursors: Vec<Cursor> = ranges
+        .iter()
+        .map(|range| Cursor {
+            pages: snapshot
+                .kv()
+                .scan_pages(range.clone(), PageSize::default())
+                .map(|page| page.map_err(Into::into))
+                .boxed(),
+            page: Page::default(),
+            at: 0,
+        })
+        .collect();
+    let state = (cursors, BinaryHeap::new(), false);
+    stream::unfold(state, move |(mut cursors, mut heap, mut started)| {
+        let keyspace = keyspace.clone();
+        async move {
+            // Each cursor's next pair: its id, to order by.
+            let refill = |cursor: &mut Cursor| -> Option<i64> {
+                let (key, _) = cursor.page.get(cursor.at)?;
+                keyspace.decode(key).ok().map(|row| row.id)
+            };
+            if !started {
+                started = true;
+                for (i, cursor) in cursors.iter_mut().enumerate() {
+                    match cursor.pages.next().await {
+                        Some(Ok(page)) => cursor.page = page,
+                        Some(Err(err)) => return Some((Err(err), (cursors, heap, started))),
+                        None => continue,
+                    }
+                    if let Some(id) = refill(cursor) {
+                        heap.push(Reverse((id, i)));
+                    }
+                }
+            }
+            let mut out = Page::default();
+            while out.len() < PageSize::default().rows {
+                let Some(Reverse((_, i))) = heap.pop() else {
+                    break;
+                };
+                let Some(cursor) = cursors.get_mut(i) else {
+                    break;
+                };
+                if let Some((key, value)) = cursor.page.get(cursor.at) {
+                    out.push(key, value);
+                }
+                cursor.at += 1;
+                if cursor.at >= cursor.page.len() {
+                    match cursor.pages.next().await {
+                        Some(Ok(page)) => {
+                            cursor.page = page;
+                            cursor.at = 0;
+                        }
+                        Some(Err(err)) => return Some((Err(err), (cursors, heap, started))),
+                        None => continue,
+                    }
+                }
+                if let Some(id) = refill(cursor) {
+                    heap.push(Reverse((id, i)));
+                }
+            }
+            (!out.is_empty()).then_some((Ok(out), (cursors, heap, started)))
+        }
+    })
+    .boxed()
+}
+
+impl DisplayAs for CatalogScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shape = match self.shape {
+            Shape::Table(table) => table.name(),
+            Shape::MappingLoad => super::load::MAPPING_LOAD_TABLE,
+        };
+        write!(
+            f,
+            "CatalogScanExec: {shape}, {}, partitions={}",
+            self.describe_access(),
+            self.partitions
+        )?;
+        if let Some(keep) = &self.keep {
+            write!(f, ", ids {}", keep.describe())?;
+        }
+        let columns: Vec<String> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|field| field.name().clone())
+            .collect();
+        write!(f, ", projection=[{}]", columns.join(", "))
+    }
+}
+
+impl ExecutionPlan for CatalogScanExec {
+    fn name(&self) -> &'static str {
+        "CatalogScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "a catalog scan has no children".into(),
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition >= self.partitions {
+            return Err(DataFusionError::Internal(format!(
+                "partition {partition} of a scan of {} partitions",
+                self.partitions
+            )));
+        }
+        let batch_size = ctx.session_config().batch_size().max(1);
+        let builder = RecordBuilder::new(self.shape, self.projection.as_deref(), batch_size)?;
+        let keyspace = self.snapshot.keyspace().clone();
+        let keep = self.keep.clone();
+        let state = Some((self.pages(), builder, false));
+        let batches = stream::unfold(state, move |state| {
+            let keyspace = keyspace.clone();
+            let keep = keep.clone();
+            async move {
+                let (mut pages, mut builder, mut ended) = state?;
+                let keep = |id: i64| keep.as_ref().is_none_or(|ids| ids.contains(id));
+                loop {
+                    if builder.page_done() {
+                        if ended {
+                            if builder.rows() == 0 {
+                                return None;
+                            }
+                            return Some((builder.finish().map_err(DataFusionError::from), None));
+                        }
+                        match pages.next().await {
+                            Some(Ok(page)) => builder.set_page(page, false),
+                            Some(Err(err)) => return Some((Err(super::to_datafusion(err)), None)),
+                            None => {
+                                ended = true;
+                                builder.set_page(Page::default(), true);
+                            }
+                        }
+                    }
+                    if let Err(err) = builder.fill(&keyspace, batch_size, &keep) {
+                        return Some((Err(super::to_datafusion(err)), None));
+                    }
+                    if builder.rows() >= batch_size {
+                        let batch = builder.finish().map_err(DataFusionError::from);
+                        return Some((batch, Some((pages, builder, ended))));
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            batches,
+        )))
+    }
+}
+
+/// The id ranges of a set, as the catalog takes them.
+#[must_use]
+pub fn id_ranges(ids: &IdSet) -> Vec<RangeInclusive<i64>> {
+    ids.ranges().to_vec()
 }

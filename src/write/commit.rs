@@ -1,8 +1,10 @@
-//! Runs a plan as one store transaction and says what became of it.
+//! Commits staged changes as one store transaction and says what became of them.
 
 use super::StagedBatch;
-use super::plan::{CommitPlan, PlanSummary, plan_batch};
-use crate::catalog::Catalog;
+pub use super::stage::PlanSummary;
+use super::stage::Staging;
+use super::validate::ValidationError;
+use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::codec::Kind;
 use crate::error::{Error, Result};
 use crate::kv::{CommitOutcome, Conflict};
@@ -35,25 +37,32 @@ pub async fn commit_batch(catalog: &Catalog, batch: &StagedBatch) -> Result<Comm
 /// As [`commit_batch`].
 pub async fn commit_batch_at(
     catalog: &Catalog,
-    snapshot: &crate::catalog::CatalogSnapshot,
+    snapshot: &CatalogSnapshot,
     batch: &StagedBatch,
 ) -> Result<CommitReport> {
-    let plan = plan_batch(snapshot, batch).await?;
-    apply(catalog, plan).await
+    let mut staging = Staging::new(snapshot.clone());
+    let mut violations = Vec::new();
+    for op in batch.ops() {
+        staging.apply(op, &mut violations).await?;
+    }
+    if !violations.is_empty() {
+        violations.extend(staging.pending());
+        return Err(Error::Validation(ValidationError { violations }));
+    }
+    commit(catalog, staging).await
 }
 
-/// Commits a plan made against some snapshot of `catalog`. Every key the plan creates is
-/// insert-if-absent and every key it changes must still be present, so a commit that
-/// happened since that snapshot and touched the same records makes this one a conflict.
+/// Commits the changes staged against some snapshot of `catalog`. Every key they create is
+/// insert-if-absent and every stored key they change or rely on must still be present, so a
+/// commit that happened since that snapshot and touched the same records makes this one a
+/// conflict.
 ///
 /// # Errors
-/// As [`commit_batch`], without validation.
-pub async fn apply(catalog: &Catalog, plan: CommitPlan) -> Result<CommitReport> {
-    match catalog.store().commit(plan.writes).await? {
-        CommitOutcome::Committed => Ok(CommitReport {
-            affected: plan.affected,
-            summary: plan.summary,
-        }),
+/// As [`commit_batch`].
+pub async fn commit(catalog: &Catalog, staging: Staging) -> Result<CommitReport> {
+    let (writes, affected, summary) = staging.into_writes()?;
+    match catalog.store().commit_staged(&writes).await? {
+        CommitOutcome::Committed => Ok(CommitReport { affected, summary }),
         CommitOutcome::Conflict(conflict) => Err(Error::CommitConflict {
             detail: describe(catalog, &conflict),
         }),

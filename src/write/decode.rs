@@ -1,25 +1,30 @@
-//! Arrow record batches into staged rows: what ingest, `INSERT` and the one-stream `DoPut`
-//! carry, checked column by column against DuckLake's tables.
+//! Arrow record batches into staged changes: what ingest, `INSERT` and the one-stream `DoPut`
+//! carry, checked column by column against DuckLake's tables and turned into canonical rows
+//! ([`crate::batch`]) once, batch by batch, as the stream is read.
 //!
-//! Columns are matched by name. Integer columns of any width are widened to BIGINT (a value
-//! that does not fit is an error), string columns of any Arrow string type become VARCHAR, a
-//! column of Arrow type `Null` is all NULL; any other type is refused with an error naming the
-//! column.
+//! Columns are matched by name against the column table of the target ([`RowShape`]). Integer
+//! columns of any width are widened to BIGINT (a value that does not fit is an error), string
+//! columns of any Arrow string type become VARCHAR, a column of Arrow type `Null` is all NULL;
+//! any other type is refused with an error naming the column.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray as _};
-use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{DataType, Int64Type, Schema};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, new_null_array};
+use datafusion::arrow::compute::{CastOptions, cast_with_options, filter_record_batch, take};
+use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::{Insert, Op};
+use crate::batch::{Columns, arrow_type, nullable_schema_of};
 use crate::error::{Error, Result};
-use crate::model::{CatalogTable, ColumnMappingRow, DataFileRow, NameMappingRow};
+use crate::model::{
+    CatalogTable, Column, DataFileRow, SqlType, commit_upload_columns, mapping_load_columns,
+};
 
-/// What a stream of rows is in: one of the catalog tables, or rows in the shape of DuckLake's
-/// mapping load query (one per name row, the mapping's columns repeated on each).
+/// What a stream of rows is in: one of the catalog tables, rows in the shape of DuckLake's
+/// mapping load query (one per name row, the mapping's columns repeated on each), or a whole
+/// commit (load rows and data-file rows in one stream).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowShape {
     /// A catalog table's own columns.
@@ -27,6 +32,9 @@ pub enum RowShape {
     /// `mapping_id, table_id, type, column_id, source_name, target_field_id, parent_column,
     /// is_partition`.
     MappingLoad,
+    /// The mapping load's columns and the data file's: a row with a `data_file_id` is a data
+    /// file, any other a name row of the load.
+    Commit,
 }
 
 /// How columns of the target that the stream lacks are treated.
@@ -34,102 +42,46 @@ pub enum RowShape {
 pub enum MissingColumns {
     /// Refused, naming the column (ingest: the stream must carry the whole table).
     Refuse,
-    /// NULL (`INSERT INTO t (a, b) ...`).
+    /// NULL (`INSERT INTO t (a, b) ...`, and the columns of the other kind of row in a commit
+    /// upload).
     Null,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ty {
-    Int,
-    Text,
-    Bool,
-}
-
-const COLUMN_MAPPING: &[(&str, Ty)] = &[
-    ("mapping_id", Ty::Int),
-    ("table_id", Ty::Int),
-    ("type", Ty::Text),
-];
-const NAME_MAPPING: &[(&str, Ty)] = &[
-    ("mapping_id", Ty::Int),
-    ("column_id", Ty::Int),
-    ("source_name", Ty::Text),
-    ("target_field_id", Ty::Int),
-    ("parent_column", Ty::Int),
-    ("is_partition", Ty::Bool),
-];
-const MAPPING_LOAD: &[(&str, Ty)] = &[
-    ("mapping_id", Ty::Int),
-    ("table_id", Ty::Int),
-    ("type", Ty::Text),
-    ("column_id", Ty::Int),
-    ("source_name", Ty::Text),
-    ("target_field_id", Ty::Int),
-    ("parent_column", Ty::Int),
-    ("is_partition", Ty::Bool),
-];
-const DATA_FILE: &[(&str, Ty)] = &[
-    ("data_file_id", Ty::Int),
-    ("table_id", Ty::Int),
-    ("begin_snapshot", Ty::Int),
-    ("end_snapshot", Ty::Int),
-    ("file_order", Ty::Int),
-    ("path", Ty::Text),
-    ("path_is_relative", Ty::Bool),
-    ("file_format", Ty::Text),
-    ("record_count", Ty::Int),
-    ("file_size_bytes", Ty::Int),
-    ("footer_size", Ty::Int),
-    ("row_id_start", Ty::Int),
-    ("partition_id", Ty::Int),
-    ("encryption_key", Ty::Text),
-    ("partial_file_info", Ty::Text),
-    ("mapping_id", Ty::Int),
-];
-
 impl RowShape {
-    fn columns(self) -> &'static [(&'static str, Ty)] {
+    /// The shape's columns, in order.
+    #[must_use]
+    pub fn columns(self) -> &'static [Column] {
         match self {
-            RowShape::Table(CatalogTable::ColumnMapping) => COLUMN_MAPPING,
-            RowShape::Table(CatalogTable::NameMapping) => NAME_MAPPING,
-            RowShape::Table(CatalogTable::DataFile) => DATA_FILE,
-            RowShape::MappingLoad => MAPPING_LOAD,
+            RowShape::Table(table) => table.columns(),
+            RowShape::MappingLoad => mapping_load_columns(),
+            RowShape::Commit => commit_upload_columns(),
         }
     }
 
     /// The shape's column names, in DuckLake's order.
     pub fn column_names(self) -> impl Iterator<Item = &'static str> {
-        self.columns().iter().map(|(name, _)| *name)
+        self.columns().iter().map(|c| c.name)
     }
 
     fn describe(self) -> String {
         match self {
             RowShape::Table(table) => table.name().to_owned(),
             RowShape::MappingLoad => "the mapping load shape".to_owned(),
+            RowShape::Commit => "the commit upload shape".to_owned(),
         }
     }
 }
 
-/// Decodes the batches of one stream, whose schema it has checked, into rows.
+/// Decodes the batches of one stream, whose schema it has checked, into changes.
 #[derive(Debug)]
 pub struct RowDecoder {
     shape: RowShape,
     /// Per column of the shape: its position in the stream, if the stream has it.
     sources: Vec<Option<usize>>,
-    rows: DecodedRows,
-}
-
-/// Rows decoded so far.
-#[derive(Debug)]
-enum DecodedRows {
-    ColumnMappings(Vec<ColumnMappingRow>),
-    NameMappings(Vec<NameMappingRow>),
-    DataFiles(Vec<DataFileRow>),
-    MappingLoad {
-        mappings: BTreeMap<i64, ColumnMappingRow>,
-        order: Vec<i64>,
-        names: Vec<NameMappingRow>,
-    },
+    /// The mappings of a load or commit stream seen in earlier rows: their `table_id` and
+    /// `type`, which every later row of the mapping must repeat.
+    seen: HashMap<i64, (Option<i64>, Option<String>)>,
+    rows: usize,
 }
 
 fn bad(reason: String) -> Error {
@@ -148,11 +100,11 @@ impl RowDecoder {
         let columns = shape.columns();
         let mut sources = vec![None; columns.len()];
         for (position, field) in schema.fields().iter().enumerate() {
-            let Some(index) = columns.iter().position(|(name, _)| *name == field.name()) else {
+            let Some(index) = columns.iter().position(|c| c.name == field.name()) else {
                 let hint = columns
                     .iter()
-                    .find(|(name, _)| name.eq_ignore_ascii_case(field.name()))
-                    .map(|(name, _)| format!(" (did you mean {name}?)"))
+                    .find(|c| c.name.eq_ignore_ascii_case(field.name()))
+                    .map(|c| format!(" (did you mean {}?)", c.name))
                     .unwrap_or_default();
                 return Err(bad(format!(
                     "column {} is not a column of {what}{hint}; its columns are {}",
@@ -169,23 +121,26 @@ impl RowDecoder {
                     field.name()
                 )));
             }
-            let (name, ty) = columns.get(index).copied().unwrap_or(("", Ty::Int));
-            if !accepts(ty, field.data_type()) {
+            let Some(column) = columns.get(index) else {
+                continue;
+            };
+            if !accepts(column.ty, field.data_type()) {
                 return Err(bad(format!(
-                    "column {name} of {what} is {}, got {} (accepted: {})",
-                    sql_type(ty),
+                    "column {} of {what} is {}, got {} (accepted: {})",
+                    column.name,
+                    column.ty,
                     field.data_type(),
-                    accepted(ty)
+                    accepted(column.ty)
                 )));
             }
             *slot = Some(position);
         }
-        if missing == MissingColumns::Refuse {
+        if missing == MissingColumns::Refuse && shape != RowShape::Commit {
             let absent: Vec<&str> = columns
                 .iter()
                 .zip(&sources)
                 .filter(|(_, source)| source.is_none())
-                .map(|((name, _), _)| *name)
+                .map(|(c, _)| c.name)
                 .collect();
             if !absent.is_empty() {
                 return Err(bad(format!(
@@ -195,247 +150,217 @@ impl RowDecoder {
                 )));
             }
         }
-        let rows = match shape {
-            RowShape::Table(CatalogTable::ColumnMapping) => DecodedRows::ColumnMappings(Vec::new()),
-            RowShape::Table(CatalogTable::NameMapping) => DecodedRows::NameMappings(Vec::new()),
-            RowShape::Table(CatalogTable::DataFile) => DecodedRows::DataFiles(Vec::new()),
-            RowShape::MappingLoad => DecodedRows::MappingLoad {
-                mappings: BTreeMap::new(),
-                order: Vec::new(),
-                names: Vec::new(),
-            },
-        };
         Ok(Self {
             shape,
             sources,
-            rows,
+            seen: HashMap::new(),
+            rows: 0,
         })
     }
 
     /// Rows decoded so far.
     #[must_use]
     pub fn rows(&self) -> usize {
-        match &self.rows {
-            DecodedRows::ColumnMappings(rows) => rows.len(),
-            DecodedRows::NameMappings(rows) => rows.len(),
-            DecodedRows::DataFiles(rows) => rows.len(),
-            DecodedRows::MappingLoad { names, .. } => names.len(),
-        }
+        self.rows
     }
 
-    /// Decodes one batch of the stream.
+    /// The changes one batch of the stream makes: one insert per table it holds rows of,
+    /// mappings before name rows before data files.
     ///
     /// # Errors
     /// [`Error::InvalidRequest`] naming the column and row, for a value that does not fit, or
     /// for mapping load rows that disagree on a mapping's `table_id` or `type`.
-    pub fn push(&mut self, batch: &RecordBatch) -> Result<()> {
-        let columns = self.columns_of(batch)?;
-        let n = batch.num_rows();
-        match &mut self.rows {
-            DecodedRows::ColumnMappings(rows) => rows.extend((0..n).map(|i| ColumnMappingRow {
-                mapping_id: columns.int(0, i),
-                table_id: columns.int(1, i),
-                map_type: columns.text(2, i),
-            })),
-            DecodedRows::NameMappings(rows) => {
-                rows.extend((0..n).map(|i| name_row(&columns, 0, 1, i)));
-            }
-            DecodedRows::DataFiles(rows) => rows.extend((0..n).map(|i| DataFileRow {
-                data_file_id: columns.int(0, i),
-                table_id: columns.int(1, i),
-                begin_snapshot: columns.int(2, i),
-                end_snapshot: columns.int(3, i),
-                file_order: columns.int(4, i),
-                path: columns.text(5, i),
-                path_is_relative: columns.boolean(6, i),
-                file_format: columns.text(7, i),
-                record_count: columns.int(8, i),
-                file_size_bytes: columns.int(9, i),
-                footer_size: columns.int(10, i),
-                row_id_start: columns.int(11, i),
-                partition_id: columns.int(12, i),
-                encryption_key: columns.text(13, i),
-                partial_file_info: columns.text(14, i),
-                mapping_id: columns.int(15, i),
-            })),
-            DecodedRows::MappingLoad {
-                mappings,
-                order,
-                names,
-            } => {
-                for i in 0..n {
-                    let mapping = ColumnMappingRow {
-                        mapping_id: columns.int(0, i),
-                        table_id: columns.int(1, i),
-                        map_type: columns.text(2, i),
-                    };
-                    let Some(mapping_id) = mapping.mapping_id else {
-                        return Err(bad(format!(
-                            "mapping_id is NULL in row {} of the mapping stream",
-                            names.len()
-                        )));
-                    };
-                    match mappings.get(&mapping_id) {
-                        Some(seen) if *seen != mapping => {
-                            return Err(bad(format!(
-                                "mapping {mapping_id}: rows disagree on table_id or type ({:?}/{:?} and {:?}/{:?})",
-                                seen.table_id, seen.map_type, mapping.table_id, mapping.map_type
-                            )));
-                        }
-                        Some(_) => {}
-                        None => {
-                            order.push(mapping_id);
-                            mappings.insert(mapping_id, mapping);
-                        }
-                    }
-                    names.push(name_row(&columns, 0, 3, i));
+    pub fn decode(&mut self, batch: &RecordBatch) -> Result<Vec<Op>> {
+        let rows = self.canonical(batch)?;
+        self.rows += rows.num_rows();
+        if rows.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        match self.shape {
+            RowShape::Table(table) => Ok(vec![Op::Insert(Insert::new(table, rows)?)]),
+            RowShape::MappingLoad => self.load_ops(&rows),
+            RowShape::Commit => {
+                let files = rows
+                    .columns()
+                    .get(column_of(self.shape, "data_file_id"))
+                    .ok_or_else(|| bad("the commit shape has no data_file_id".into()))?
+                    .logical_nulls()
+                    .map_or_else(
+                        || BooleanArray::from(vec![true; rows.num_rows()]),
+                        |nulls| BooleanArray::from(nulls.iter().collect::<Vec<bool>>()),
+                    );
+                let loads = datafusion::arrow::compute::not(&files).map_err(arrow_error)?;
+                let mut ops =
+                    self.load_ops(&filter_record_batch(&rows, &loads).map_err(arrow_error)?)?;
+                let file_rows = filter_record_batch(&rows, &files).map_err(arrow_error)?;
+                if file_rows.num_rows() > 0 {
+                    ops.push(Op::Insert(Insert::new(
+                        CatalogTable::DataFile,
+                        project(&file_rows, self.shape, DataFileRow::COLUMNS)?,
+                    )?));
                 }
+                Ok(ops)
             }
         }
-        Ok(())
     }
 
-    fn columns_of(&self, batch: &RecordBatch) -> Result<Columns> {
+    /// The batch's columns in the shape's order, converted; absent columns all NULL.
+    fn canonical(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         let options = CastOptions {
             safe: false,
             ..CastOptions::default()
         };
-        let mut arrays = Vec::with_capacity(self.sources.len());
-        for ((name, ty), source) in self.shape.columns().iter().zip(&self.sources) {
-            let Some(array) = source.and_then(|i| batch.columns().get(i)) else {
-                arrays.push(None);
-                continue;
-            };
-            if array.data_type() == &DataType::Null {
-                arrays.push(None);
-                continue;
-            }
-            let target = match ty {
-                Ty::Int => DataType::Int64,
-                Ty::Text => DataType::Utf8,
-                Ty::Bool => DataType::Boolean,
-            };
-            let cast: ArrayRef = if array.data_type() == &target {
-                Arc::clone(array)
-            } else {
-                cast_with_options(array, &target, &options).map_err(|err| {
+        let columns = self.shape.columns();
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len());
+        for (column, source) in columns.iter().zip(&self.sources) {
+            let target = arrow_type(column.ty);
+            let array = match source.and_then(|i| batch.columns().get(i)) {
+                None => new_null_array(&target, batch.num_rows()),
+                Some(array) if array.data_type() == &DataType::Null => {
+                    new_null_array(&target, batch.num_rows())
+                }
+                Some(array) if array.data_type() == &target => Arc::clone(array),
+                Some(array) => cast_with_options(array, &target, &options).map_err(|err| {
                     bad(format!(
-                        "column {name}: a {} value does not fit BIGINT: {err}",
-                        array.data_type()
+                        "column {}: a {} value does not fit {}: {err}",
+                        column.name,
+                        array.data_type(),
+                        column.ty
                     ))
-                })?
+                })?,
             };
-            arrays.push(Some(cast));
+            arrays.push(array);
         }
-        Ok(Columns(arrays))
+        RecordBatch::try_new(nullable_schema_of(columns), arrays).map_err(arrow_error)
     }
 
-    /// The staged changes: one insert per table (the mapping load shape gives two, mappings
-    /// first).
-    #[must_use]
-    pub fn into_ops(self) -> Vec<Op> {
-        match self.rows {
-            DecodedRows::ColumnMappings(rows) => vec![Op::Insert(Insert::ColumnMappings(rows))],
-            DecodedRows::NameMappings(rows) => vec![Op::Insert(Insert::NameMappings(rows))],
-            DecodedRows::DataFiles(rows) => vec![Op::Insert(Insert::DataFiles(rows))],
-            DecodedRows::MappingLoad {
-                mut mappings,
-                order,
-                names,
-            } => {
-                let mappings = order
-                    .into_iter()
-                    .filter_map(|id| mappings.remove(&id))
-                    .collect();
-                vec![
-                    Op::Insert(Insert::ColumnMappings(mappings)),
-                    Op::Insert(Insert::NameMappings(names)),
-                ]
+    /// The inserts of canonical rows of the load shape (or of a commit upload's load rows):
+    /// the mappings not seen before, then every name row.
+    fn load_ops(&mut self, rows: &RecordBatch) -> Result<Vec<Op>> {
+        if rows.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let shape = self.shape;
+        let load = project(rows, shape, mapping_load_columns())?;
+        let view = Columns::new(&load, mapping_load_columns()).map_err(arrow_error)?;
+        let mut first_rows: Vec<u32> = Vec::new();
+        for row in 0..view.len() {
+            let Some(mapping_id) = view.int(0, row) else {
+                return Err(bad(format!(
+                    "mapping_id is NULL in row {} of the mapping stream",
+                    self.rows - rows.num_rows() + row
+                )));
+            };
+            let here = (view.int(1, row), view.text(2, row));
+            match self.seen.get(&mapping_id) {
+                Some((table_id, map_type)) if (*table_id, map_type.as_deref()) != here => {
+                    return Err(bad(format!(
+                        "mapping {mapping_id}: rows disagree on table_id or type ({table_id:?}/{map_type:?} and {:?}/{:?})",
+                        here.0, here.1
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    self.seen
+                        .insert(mapping_id, (here.0, here.1.map(str::to_owned)));
+                    first_rows.push(
+                        u32::try_from(row)
+                            .map_err(|_| bad("a batch of more than 2^32 rows".into()))?,
+                    );
+                }
             }
         }
+        let mut ops = Vec::with_capacity(2);
+        if !first_rows.is_empty() {
+            let indices = UInt32Array::from(first_rows);
+            let mappings = project(
+                &load,
+                RowShape::MappingLoad,
+                CatalogTable::ColumnMapping.columns(),
+            )?;
+            let arrays = mappings
+                .columns()
+                .iter()
+                .map(|array| take(array, &indices, None))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(arrow_error)?;
+            let mappings = RecordBatch::try_new(mappings.schema(), arrays).map_err(arrow_error)?;
+            ops.push(Op::Insert(Insert::new(
+                CatalogTable::ColumnMapping,
+                mappings,
+            )?));
+        }
+        ops.push(Op::Insert(Insert::new(
+            CatalogTable::NameMapping,
+            project(
+                &load,
+                RowShape::MappingLoad,
+                CatalogTable::NameMapping.columns(),
+            )?,
+        )?));
+        Ok(ops)
     }
 }
 
-/// A name row from `columns`, whose `mapping_id` is column `mapping` and whose other five
-/// columns start at `first`.
-fn name_row(columns: &Columns, mapping: usize, first: usize, i: usize) -> NameMappingRow {
-    NameMappingRow {
-        mapping_id: columns.int(mapping, i),
-        column_id: columns.int(first, i),
-        source_name: columns.text(first + 1, i),
-        target_field_id: columns.int(first + 2, i),
-        parent_column: columns.int(first + 3, i),
-        is_partition: columns.boolean(first + 4, i),
-    }
+/// The position of column `name` in `shape`.
+fn column_of(shape: RowShape, name: &str) -> usize {
+    shape
+        .columns()
+        .iter()
+        .position(|c| c.name == name)
+        .unwrap_or_default()
 }
 
-/// One batch's columns in the shape's order, converted; `None` for an absent or all-NULL one.
-struct Columns(Vec<Option<ArrayRef>>);
-
-impl Columns {
-    fn array(&self, column: usize, row: usize) -> Option<&ArrayRef> {
-        self.0
-            .get(column)
-            .and_then(Option::as_ref)
-            .filter(|array| array.is_valid(row))
-    }
-
-    fn int(&self, column: usize, row: usize) -> Option<i64> {
-        self.array(column, row)
-            .and_then(|a| a.as_primitive_opt::<Int64Type>())
-            .map(|a| a.value(row))
-    }
-
-    fn text(&self, column: usize, row: usize) -> Option<String> {
-        self.array(column, row)
-            .and_then(|a| a.as_string_opt::<i32>())
-            .map(|a| a.value(row).to_owned())
-    }
-
-    fn boolean(&self, column: usize, row: usize) -> Option<bool> {
-        self.array(column, row)
-            .and_then(|a| a.as_boolean_opt())
-            .map(|a| a.value(row))
-    }
+/// `columns` of a canonical batch of `shape`, by name, as a canonical batch of `columns`.
+fn project(rows: &RecordBatch, shape: RowShape, columns: &[Column]) -> Result<RecordBatch> {
+    let arrays = columns
+        .iter()
+        .map(|c| {
+            rows.columns()
+                .get(column_of(shape, c.name))
+                .cloned()
+                .ok_or_else(|| bad(format!("{} has no column {}", shape.describe(), c.name)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(nullable_schema_of(columns), arrays).map_err(arrow_error)
 }
 
-fn accepts(ty: Ty, data_type: &DataType) -> bool {
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "shaped for `map_err`; the error ends here"
+)]
+fn arrow_error(err: datafusion::arrow::error::ArrowError) -> Error {
+    bad(format!("the rows do not convert: {err}"))
+}
+
+fn accepts(ty: SqlType, data_type: &DataType) -> bool {
     match data_type {
         DataType::Null => true,
         DataType::Dictionary(_, values) => accepts(ty, values),
         _ => match ty {
-            Ty::Int => data_type.is_integer(),
-            Ty::Text => matches!(
+            SqlType::BigInt => data_type.is_integer(),
+            SqlType::Varchar => matches!(
                 data_type,
                 DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
             ),
-            Ty::Bool => data_type == &DataType::Boolean,
+            SqlType::Boolean => data_type == &DataType::Boolean,
         },
     }
 }
 
-fn sql_type(ty: Ty) -> &'static str {
+fn accepted(ty: SqlType) -> &'static str {
     match ty {
-        Ty::Int => "BIGINT",
-        Ty::Text => "VARCHAR",
-        Ty::Bool => "BOOLEAN",
-    }
-}
-
-fn accepted(ty: Ty) -> &'static str {
-    match ty {
-        Ty::Int => "any Arrow integer type, or null",
-        Ty::Text => "utf8, large_utf8 or utf8_view, or null",
-        Ty::Bool => "bool, or null",
+        SqlType::BigInt => "any Arrow integer type, or null",
+        SqlType::Varchar => "utf8, large_utf8 or utf8_view, or null",
+        SqlType::Boolean => "bool, or null",
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{
-        Float64Array, Int32Array, Int64Array, NullArray, StringArray, UInt64Array,
-    };
+    use crate::model::{ColumnMappingRow, NameMappingRow};
+    use datafusion::arrow::array::{Int32Array, Int64Array, NullArray, StringArray, UInt64Array};
     use datafusion::arrow::datatypes::Field;
 
     fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
@@ -461,10 +386,9 @@ mod tests {
             MissingColumns::Refuse,
         )
         .expect("schema accepted");
-        decoder.push(&b).expect("decoded");
         assert_eq!(
-            decoder.into_ops(),
-            vec![Op::Insert(Insert::ColumnMappings(vec![
+            decoder.decode(&b).expect("decoded"),
+            vec![Op::Insert(Insert::column_mappings(&[
                 ColumnMappingRow {
                     mapping_id: Some(1),
                     table_id: Some(7),
@@ -499,7 +423,6 @@ mod tests {
         let err = RowDecoder::new(shape, &partial, MissingColumns::Refuse).expect_err("missing");
         assert!(err.to_string().contains("table_id, type"), "{err}");
         assert!(RowDecoder::new(shape, &partial, MissingColumns::Null).is_ok());
-        let _ = Float64Array::from(vec![1.0]);
     }
 
     #[test]
@@ -518,11 +441,12 @@ mod tests {
             MissingColumns::Refuse,
         )
         .expect("schema accepted");
-        let err = decoder.push(&b).expect_err("overflow");
+        let err = decoder.decode(&b).expect_err("overflow");
         assert!(err.to_string().contains("column mapping_id"), "{err}");
     }
 
     #[test]
+    #[expect(clippy::too_many_lines, reason = "the expected rows, spelled out")]
     fn mapping_load_rows_split_into_mappings_and_name_rows() {
         let b = batch(vec![
             (
@@ -549,23 +473,56 @@ mod tests {
         let mut decoder =
             RowDecoder::new(RowShape::MappingLoad, &b.schema(), MissingColumns::Refuse)
                 .expect("schema accepted");
-        decoder.push(&b).expect("decoded");
-        let ops = decoder.into_ops();
-        let [
-            Op::Insert(Insert::ColumnMappings(maps)),
-            Op::Insert(Insert::NameMappings(names)),
-        ] = ops.as_slice()
-        else {
-            panic!("two inserts expected, got {ops:?}");
-        };
+        let ops = decoder.decode(&b).expect("decoded");
         assert_eq!(
-            maps.iter()
-                .map(|m| (m.mapping_id, m.table_id))
-                .collect::<Vec<_>>(),
-            vec![(Some(5), Some(1)), (Some(9), Some(2))]
+            ops,
+            vec![
+                Op::Insert(Insert::column_mappings(&[
+                    ColumnMappingRow {
+                        mapping_id: Some(5),
+                        table_id: Some(1),
+                        map_type: Some("map_by_name".into()),
+                    },
+                    ColumnMappingRow {
+                        mapping_id: Some(9),
+                        table_id: Some(2),
+                        map_type: Some("map_by_name".into()),
+                    },
+                ])),
+                Op::Insert(Insert::name_mappings(&[
+                    NameMappingRow {
+                        mapping_id: Some(5),
+                        column_id: Some(0),
+                        source_name: Some("s".into()),
+                        target_field_id: Some(1),
+                        parent_column: None,
+                        is_partition: Some(false),
+                    },
+                    NameMappingRow {
+                        mapping_id: Some(5),
+                        column_id: Some(1),
+                        source_name: Some("a".into()),
+                        target_field_id: Some(2),
+                        parent_column: Some(0),
+                        is_partition: Some(false),
+                    },
+                    NameMappingRow {
+                        mapping_id: Some(9),
+                        column_id: Some(0),
+                        source_name: Some("id".into()),
+                        target_field_id: Some(1),
+                        parent_column: None,
+                        is_partition: Some(false),
+                    },
+                ])),
+            ]
         );
-        assert_eq!(names.len(), 3);
-        assert_eq!(names.get(1).and_then(|n| n.parent_column), Some(0));
+        // The same mappings in a later batch of the stream are not inserted again.
+        let again = decoder.decode(&b).expect("decoded");
+        assert!(
+            matches!(again.as_slice(), [Op::Insert(names)] if names.table() == CatalogTable::NameMapping),
+            "{again:?}"
+        );
 
         let clash = batch(vec![
             (
@@ -592,7 +549,7 @@ mod tests {
             MissingColumns::Refuse,
         )
         .expect("schema accepted");
-        let err = decoder.push(&clash).expect_err("disagreeing rows");
+        let err = decoder.decode(&clash).expect_err("disagreeing rows");
         assert!(err.to_string().contains("mapping 5"), "{err}");
     }
 }

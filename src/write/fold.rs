@@ -1,171 +1,137 @@
-//! The child-row fold (RFC 0018): `ducklake_name_mapping` inserts are drained into groups by
-//! `mapping_id`; each `ducklake_column_mapping` insert then consumes its group into one
-//! [`ColumnMapping`] record. Name rows may arrive in any order, interleaved across mappings;
-//! the record keeps them in `column_id` order.
+//! The child-row fold (RFC 0018): `ducklake_name_mapping` rows grouped by `mapping_id`, each
+//! group checked as the name rows of one mapping record. Name rows may arrive in any order,
+//! interleaved across mappings; a record keeps them in `column_id` order.
 //!
 //! Pure: no I/O. Everything found wrong is pushed to the caller's violation list.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::validate::Violation;
-use crate::model::{
-    CatalogTable, ColumnId, ColumnMapping, FieldId, MappingId, NameMapping, NameMappingRow, TableId,
-};
+use crate::batch::Columns;
+use crate::codec::NameRef;
 
-/// Name-mapping insert rows, grouped by `mapping_id`, waiting for their parent.
-#[derive(Debug, Default)]
-pub struct NameGroups {
-    groups: BTreeMap<i64, Vec<(usize, NameMappingRow)>>,
+/// Columns of a canonical `ducklake_name_mapping` batch.
+pub(crate) const MAPPING_ID: usize = 0;
+pub(crate) const COLUMN_ID: usize = 1;
+pub(crate) const SOURCE_NAME: usize = 2;
+pub(crate) const TARGET_FIELD_ID: usize = 3;
+pub(crate) const PARENT_COLUMN: usize = 4;
+pub(crate) const IS_PARTITION: usize = 5;
+
+/// A name row owned, for rows that wait for their mapping or join names staged before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OwnedName {
+    pub(crate) column_id: i64,
+    pub(crate) source_name: String,
+    pub(crate) target_field_id: i64,
+    pub(crate) parent_column: Option<i64>,
+    pub(crate) is_partition: bool,
 }
 
-impl NameGroups {
-    /// Drains `rows` into groups. A row with a NULL `mapping_id` belongs to no group and is a
-    /// violation; `first_row` is the position of `rows[0]` among the batch's name inserts.
-    pub fn add(
-        &mut self,
-        rows: &[NameMappingRow],
-        first_row: usize,
-        violations: &mut Vec<Violation>,
-    ) {
-        for (offset, row) in rows.iter().enumerate() {
-            match row.mapping_id {
-                Some(mapping_id) => self
-                    .groups
-                    .entry(mapping_id)
-                    .or_default()
-                    .push((first_row + offset, row.clone())),
-                None => violations.push(Violation::NullColumn {
-                    table: CatalogTable::NameMapping,
-                    column: "mapping_id",
-                    row: first_row + offset,
-                    row_id: None,
-                }),
-            }
+impl OwnedName {
+    pub(crate) fn of(name: &NameRef<'_>) -> Self {
+        Self {
+            column_id: name.column_id,
+            source_name: name.source_name.to_owned(),
+            target_field_id: name.target_field_id,
+            parent_column: name.parent_column,
+            is_partition: name.is_partition,
         }
     }
 
-    /// Takes the group of `mapping_id` (empty if none): each row with its position among the
-    /// batch's name inserts.
-    pub fn take(&mut self, mapping_id: i64) -> Vec<(usize, NameMappingRow)> {
-        self.groups.remove(&mapping_id).unwrap_or_default()
+    pub(crate) fn as_ref(&self) -> NameRef<'_> {
+        NameRef {
+            column_id: self.column_id,
+            source_name: &self.source_name,
+            target_field_id: self.target_field_id,
+            parent_column: self.parent_column,
+            is_partition: self.is_partition,
+        }
     }
 
-    /// The groups no column-mapping insert consumed, as violations.
-    pub fn into_orphans(self) -> impl Iterator<Item = Violation> {
-        self.groups
-            .into_iter()
-            .map(|(mapping_id, rows)| Violation::OrphanNameMappings {
-                mapping_id,
-                rows: rows.len(),
-            })
+    /// Bytes it holds, for memory accounting.
+    pub(crate) fn size(&self) -> usize {
+        std::mem::size_of::<Self>() + self.source_name.len()
     }
 }
 
-/// Folds one column-mapping insert and its name rows into a record, or reports why not.
-/// Returns `None` when a violation no later change can mend was found for this mapping; with
-/// only pending ones ([`Violation::is_pending`]) the record is returned for a transaction's
-/// view, and the violations keep it from being committed.
-pub fn fold_mapping(
-    table_id: i64,
+/// Row `row` of a canonical name batch whose key columns are known not to be NULL.
+pub(crate) fn name_at<'a>(rows: &Columns<'a>, row: usize) -> NameRef<'a> {
+    NameRef {
+        column_id: rows.int(COLUMN_ID, row).unwrap_or_default(),
+        source_name: rows.text(SOURCE_NAME, row).unwrap_or_default(),
+        target_field_id: rows.int(TARGET_FIELD_ID, row).unwrap_or_default(),
+        parent_column: rows.int(PARENT_COLUMN, row),
+        is_partition: rows.boolean(IS_PARTITION, row).unwrap_or_default(),
+    }
+}
+
+/// The rows of `valid` grouped by `mapping_id`, each group in `column_id` order: the row
+/// indices sorted by `(mapping_id, column_id)`, ties in arrival order. Rows that arrive
+/// grouped and ordered (as DuckLake writes them) are not sorted again.
+pub(crate) fn grouped(rows: &Columns<'_>, valid: &[u32]) -> Vec<u32> {
+    let key = |row: u32| {
+        let row = row as usize;
+        (
+            rows.int(MAPPING_ID, row).unwrap_or_default(),
+            rows.int(COLUMN_ID, row).unwrap_or_default(),
+        )
+    };
+    let mut order = valid.to_vec();
+    if !order.windows(2).all(|w| match w {
+        [a, b] => key(*a) <= key(*b),
+        _ => true,
+    }) {
+        order.sort_by_key(|&row| (key(row), row));
+    }
+    order
+}
+
+/// Checks the name rows of mapping `mapping_id`, sorted by `column_id`. Final violations
+/// (a repeated `column_id`, a parent not before its child) go to `violations`; a parent that
+/// is none of the mapping's columns may still arrive and goes to `pending`. Returns whether
+/// anything final was found.
+pub(crate) fn check_names(
     mapping_id: i64,
-    map_type: Option<String>,
-    group: Vec<(usize, NameMappingRow)>,
+    names: &[NameRef<'_>],
     violations: &mut Vec<Violation>,
-) -> Option<ColumnMapping> {
+    pending: &mut Vec<Violation>,
+) -> bool {
     let before = violations.len();
-    if group.is_empty() {
-        violations.push(Violation::EmptyMapping {
-            table_id,
-            mapping_id,
-        });
-    }
-    let mut names = Vec::with_capacity(group.len());
-    for (position, row) in group {
-        if let Some(name) = name_of(mapping_id, position, row, violations) {
-            names.push(name);
-        }
-    }
-    names.sort_by_key(|name: &NameMapping| name.column_id);
-
-    let mut seen = BTreeSet::new();
     let mut reported = BTreeSet::new();
-    for name in &names {
-        if !seen.insert(name.column_id) && reported.insert(name.column_id) {
+    for pair in names.windows(2) {
+        if let [a, b] = pair
+            && a.column_id == b.column_id
+            && reported.insert(a.column_id)
+        {
             violations.push(Violation::DuplicateColumnId {
                 mapping_id,
-                column_id: name.column_id.0,
+                column_id: a.column_id,
             });
         }
     }
-    for name in &names {
+    for name in names {
         let Some(parent) = name.parent_column else {
             continue;
         };
         if parent >= name.column_id {
             violations.push(Violation::ParentNotBeforeChild {
                 mapping_id,
-                column_id: name.column_id.0,
-                parent_column: parent.0,
+                column_id: name.column_id,
+                parent_column: parent,
             });
-        } else if !seen.contains(&parent) {
-            violations.push(Violation::ParentMissing {
+        } else if names
+            .binary_search_by_key(&parent, |n| n.column_id)
+            .is_err()
+        {
+            pending.push(Violation::ParentMissing {
                 mapping_id,
-                column_id: name.column_id.0,
-                parent_column: parent.0,
+                column_id: name.column_id,
+                parent_column: parent,
             });
         }
     }
-    // A mapping whose only faults a later change may mend stays in the batch's view (it is
-    // never committed while they last).
-    let pending_only = violations
-        .get(before..)
-        .is_some_and(|new| new.iter().all(Violation::is_pending));
-    pending_only.then_some(ColumnMapping {
-        mapping_id: MappingId(mapping_id),
-        table_id: TableId(table_id),
-        map_type,
-        names,
-    })
-}
-
-/// One name row as a record's name, or NULL-column violations.
-fn name_of(
-    mapping_id: i64,
-    position: usize,
-    row: NameMappingRow,
-    violations: &mut Vec<Violation>,
-) -> Option<NameMapping> {
-    let mut null = |column| {
-        violations.push(Violation::NullColumn {
-            table: CatalogTable::NameMapping,
-            column,
-            row: position,
-            row_id: Some(mapping_id),
-        });
-    };
-    let column_id = row.column_id.or_else(|| {
-        null("column_id");
-        None
-    });
-    let source_name = row.source_name.or_else(|| {
-        null("source_name");
-        None
-    });
-    let target_field_id = row.target_field_id.or_else(|| {
-        null("target_field_id");
-        None
-    });
-    let is_partition = row.is_partition.or_else(|| {
-        null("is_partition");
-        None
-    });
-    Some(NameMapping {
-        column_id: ColumnId(column_id?),
-        source_name: source_name?,
-        target_field_id: FieldId(target_field_id?),
-        parent_column: row.parent_column.map(ColumnId),
-        is_partition: is_partition?,
-    })
+    violations.len() > before
 }
 
 #[cfg(test)]

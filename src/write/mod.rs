@@ -1,30 +1,38 @@
 //! The staged write path: the row-level changes of one DuckLake commit, folded, validated and
 //! committed atomically (RFC 0018, "Staged write: the child-row fold").
 //!
-//! - [`StagedBatch`]: the changes, in the order the client made them, independent of Flight.
-//! - [`fold`]: name-mapping inserts grouped under their column-mapping insert.
-//! - [`plan`](mod@plan): the batch evaluated against a snapshot; every violation collected; the
-//!   result is one [`WriteSet`](crate::kv::WriteSet).
-//! - [`commit`](mod@commit): that write set committed in one store transaction.
+//! - [`Op`]: one change (rows inserted into a table as a canonical Arrow batch, a delete, an
+//!   update), independent of Flight; [`StagedBatch`] a list of them.
+//! - [`decode`]: what clients send (any Arrow types, any column order) into canonical rows.
+//! - [`stage`]: [`Staging`], the changes applied one at a time to a transaction's staged
+//!   writes: the fold, every validation, the records encoded straight from the rows. A change
+//!   costs in proportion to itself, and one that breaks a rule no later change can mend is
+//!   taken back whole.
+//! - [`commit`](mod@commit): the rules a later change could have mended checked, and the
+//!   staged writes committed in one store transaction.
 
 pub mod commit;
 pub mod decode;
-pub mod fold;
-pub mod plan;
+mod fold;
+pub mod stage;
 pub mod validate;
 
 use std::ops::RangeInclusive;
 
-pub use commit::{CommitReport, commit_batch};
-pub use plan::{CommitPlan, Evaluation, evaluate, plan_batch};
+use datafusion::arrow::record_batch::RecordBatch;
+
+pub use commit::{CommitReport, PlanSummary, commit_batch, commit_batch_at};
+pub use stage::Staging;
 pub use validate::{ValidationError, Violation};
 
+use crate::batch::batch_of;
+use crate::error::{Error, Result};
 use crate::model::{
     CatalogTable, ColumnMappingRow, DataFileId, DataFileRow, MappingId, NameMappingRow, TableId,
 };
 
 /// The row-level changes of one DuckLake commit, in the order they were made.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StagedBatch {
     ops: Vec<Op>,
 }
@@ -48,11 +56,6 @@ impl StagedBatch {
         &self.ops
     }
 
-    /// Removes the last change (a statement that was refused after it was staged).
-    pub fn pop(&mut self) -> Option<Op> {
-        self.ops.pop()
-    }
-
     /// Whether the batch changes nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -60,55 +63,8 @@ impl StagedBatch {
     }
 }
 
-impl Op {
-    /// Rows the change stages and an estimate of the bytes it holds, for per-transaction
-    /// limits. A delete or update counts as one row.
-    #[must_use]
-    pub fn staged_size(&self) -> (u64, u64) {
-        fn text(value: Option<&String>) -> u64 {
-            value.map_or(0, |s| s.len() as u64)
-        }
-        match self {
-            Op::Insert(Insert::ColumnMappings(rows)) => (
-                rows.len() as u64,
-                rows.iter().map(|r| 24 + text(r.map_type.as_ref())).sum(),
-            ),
-            Op::Insert(Insert::NameMappings(rows)) => (
-                rows.len() as u64,
-                rows.iter().map(|r| 48 + text(r.source_name.as_ref())).sum(),
-            ),
-            Op::Insert(Insert::DataFiles(rows)) => (
-                rows.len() as u64,
-                rows.iter()
-                    .map(|r| {
-                        128 + text(r.path.as_ref())
-                            + text(r.file_format.as_ref())
-                            + text(r.encryption_key.as_ref())
-                            + text(r.partial_file_info.as_ref())
-                    })
-                    .sum(),
-            ),
-            Op::Delete(delete) => (1, 16 + 8 * delete.ids_len()),
-            Op::Update(_) => (1, 64),
-        }
-    }
-}
-
-impl Delete {
-    fn ids_len(&self) -> u64 {
-        match self {
-            Delete::ColumnMappingsOfTables(ids) | Delete::DataFilesOfTables(ids) => {
-                ids.len() as u64
-            }
-            Delete::ColumnMappings(ids) | Delete::NameMappings(ids) => ids.len() as u64,
-            Delete::DataFiles(ids) => ids.len() as u64,
-            Delete::OrphanNameMappings | Delete::DataFileIdRange(_) => 0,
-        }
-    }
-}
-
 /// One change of a [`StagedBatch`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// Rows inserted into one table.
     Insert(Insert),
@@ -118,15 +74,84 @@ pub enum Op {
     Update(Update),
 }
 
-/// Rows inserted into one catalog table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Insert {
-    /// `INSERT INTO ducklake_column_mapping`.
-    ColumnMappings(Vec<ColumnMappingRow>),
-    /// `INSERT INTO ducklake_name_mapping`.
-    NameMappings(Vec<NameMappingRow>),
-    /// `INSERT INTO ducklake_data_file`.
-    DataFiles(Vec<DataFileRow>),
+/// Rows inserted into one catalog table: a batch in the table's canonical form (every column,
+/// in DuckLake's order, with its Arrow type).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Insert {
+    table: CatalogTable,
+    rows: RecordBatch,
+}
+
+impl Insert {
+    /// Rows of `table`, which must be canonical for it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] when they are not.
+    pub fn new(table: CatalogTable, rows: RecordBatch) -> Result<Self> {
+        crate::batch::Columns::new(&rows, table.columns()).map_err(|err| {
+            Error::InvalidRequest {
+                reason: format!("rows for {table}: {err}"),
+            }
+        })?;
+        Ok(Self { table, rows })
+    }
+
+    fn of<'a>(
+        table: CatalogTable,
+        rows: impl IntoIterator<Item = Vec<crate::model::Cell<'a>>>,
+    ) -> Self {
+        let rows = batch_of(table.columns(), rows)
+            .unwrap_or_else(|_| RecordBatch::new_empty(crate::batch::table_schema(table)));
+        Self { table, rows }
+    }
+
+    /// `INSERT INTO ducklake_column_mapping` of `rows`.
+    #[must_use]
+    pub fn column_mappings(rows: &[ColumnMappingRow]) -> Self {
+        Self::of(
+            CatalogTable::ColumnMapping,
+            rows.iter().map(ColumnMappingRow::cells),
+        )
+    }
+
+    /// `INSERT INTO ducklake_name_mapping` of `rows`.
+    #[must_use]
+    pub fn name_mappings(rows: &[NameMappingRow]) -> Self {
+        Self::of(
+            CatalogTable::NameMapping,
+            rows.iter().map(NameMappingRow::cells),
+        )
+    }
+
+    /// `INSERT INTO ducklake_data_file` of `rows`.
+    #[must_use]
+    pub fn data_files(rows: &[DataFileRow]) -> Self {
+        Self::of(CatalogTable::DataFile, rows.iter().map(DataFileRow::cells))
+    }
+
+    /// The table inserted into.
+    #[must_use]
+    pub fn table(&self) -> CatalogTable {
+        self.table
+    }
+
+    /// The rows, canonical for the table.
+    #[must_use]
+    pub fn rows(&self) -> &RecordBatch {
+        &self.rows
+    }
+
+    /// How many rows.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.rows.num_rows()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.rows.num_rows() == 0
+    }
 }
 
 /// The deletes DuckLake issues.

@@ -34,10 +34,10 @@ fn sample_mapping() -> ColumnMapping {
     }
 }
 
-fn sample_data_file() -> DataFile {
-    DataFile {
-        data_file_id: DataFileId(1),
-        table_id: TableId(1),
+fn sample_data_file() -> DataFileRow {
+    DataFileRow {
+        data_file_id: Some(1),
+        table_id: Some(1),
         begin_snapshot: Some(2),
         end_snapshot: None,
         file_order: None,
@@ -51,7 +51,7 @@ fn sample_data_file() -> DataFile {
         partition_id: None,
         encryption_key: None,
         partial_file_info: None,
-        mapping_id: Some(MappingId(0)),
+        mapping_id: Some(0),
     }
 }
 
@@ -64,7 +64,7 @@ fn golden_value_vectors() {
         ("mapping", encode_mapping(&sample_mapping()), GOLDEN_MAPPING),
         (
             "data_file",
-            encode_data_file(&sample_data_file()),
+            encode_data_file(&sample_data_file()).expect("encodes"),
             GOLDEN_DATA_FILE,
         ),
     ];
@@ -114,7 +114,7 @@ fn unknown_format_version_is_a_typed_error() {
 
 #[test]
 fn a_flipped_bit_fails_the_checksum() {
-    let mut bytes = encode_data_file(&sample_data_file());
+    let mut bytes = encode_data_file(&sample_data_file()).expect("encodes");
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x10;
     assert!(matches!(
@@ -172,7 +172,7 @@ fn any_mapping() -> impl Strategy<Value = ColumnMapping> {
         })
 }
 
-fn any_data_file() -> impl Strategy<Value = DataFile> {
+fn any_data_file() -> impl Strategy<Value = DataFileRow> {
     use proptest::option::of;
     (
         (
@@ -198,9 +198,9 @@ fn any_data_file() -> impl Strategy<Value = DataFile> {
         ),
         of(any::<i64>()),
     )
-        .prop_map(|(a, b, c, mapping_id)| DataFile {
-            data_file_id: DataFileId(a.0),
-            table_id: TableId(a.1),
+        .prop_map(|(a, b, c, mapping_id)| DataFileRow {
+            data_file_id: Some(a.0),
+            table_id: Some(a.1),
             begin_snapshot: a.2,
             end_snapshot: a.3,
             file_order: a.4,
@@ -214,8 +214,111 @@ fn any_data_file() -> impl Strategy<Value = DataFile> {
             partition_id: c.2,
             encryption_key: c.3,
             partial_file_info: c.4,
-            mapping_id: mapping_id.map(MappingId),
+            mapping_id,
         })
+}
+
+/// The same record through prost's generated types: the reference encoding.
+fn wire_mapping(mapping: &ColumnMapping) -> crate::codec::wire::MappingValue {
+    crate::codec::wire::MappingValue {
+        mapping_id: mapping.mapping_id.0,
+        table_id: mapping.table_id.0,
+        map_type: mapping.map_type.clone(),
+        names: mapping
+            .names
+            .iter()
+            .map(|n| crate::codec::wire::NameMapping {
+                column_id: n.column_id.0,
+                source_name: n.source_name.clone(),
+                target_field_id: n.target_field_id.0,
+                parent_column: n.parent_column.map(|c| c.0),
+                is_partition: n.is_partition,
+            })
+            .collect(),
+    }
+}
+
+fn wire_data_file(file: &DataFileRow) -> crate::codec::wire::DataFileValue {
+    crate::codec::wire::DataFileValue {
+        data_file_id: file.data_file_id.unwrap_or_default(),
+        table_id: file.table_id.unwrap_or_default(),
+        begin_snapshot: file.begin_snapshot,
+        end_snapshot: file.end_snapshot,
+        file_order: file.file_order,
+        path: file.path.clone(),
+        path_is_relative: file.path_is_relative,
+        file_format: file.file_format.clone(),
+        record_count: file.record_count,
+        file_size_bytes: file.file_size_bytes,
+        footer_size: file.footer_size,
+        row_id_start: file.row_id_start,
+        partition_id: file.partition_id,
+        encryption_key: file.encryption_key.clone(),
+        partial_file_info: file.partial_file_info.clone(),
+        mapping_id: file.mapping_id,
+    }
+}
+
+/// A value sealed around a body prost encoded.
+fn sealed(message: &impl prost::Message) -> Vec<u8> {
+    let mut out = vec![FORMAT_V1];
+    message.encode(&mut out).expect("a Vec grows");
+    let checksum = crc32fast::hash(&out);
+    out.extend_from_slice(&checksum.to_be_bytes());
+    out
+}
+
+#[test]
+fn unknown_fields_are_skipped_and_the_last_scalar_wins() {
+    use prost::Message as _;
+    // A newer writer's field 9 (varint) and 10 (bytes), and mapping_id twice.
+    let mut body = Vec::new();
+    prost::encoding::int64::encode(1, &5, &mut body);
+    prost::encoding::int64::encode(9, &77, &mut body);
+    prost::encoding::string::encode(10, &"future".to_owned(), &mut body);
+    prost::encoding::int64::encode(1, &6, &mut body);
+    prost::encoding::int64::encode(2, &3, &mut body);
+    let name = crate::codec::wire::NameMapping {
+        column_id: 0,
+        source_name: "id".into(),
+        target_field_id: 1,
+        parent_column: None,
+        is_partition: false,
+    };
+    prost::encoding::message::encode(4, &name, &mut body);
+    let mut value = vec![FORMAT_V1];
+    value.extend_from_slice(&body);
+    let checksum = crc32fast::hash(&value);
+    value.extend_from_slice(&checksum.to_be_bytes());
+    let mapping = decode_mapping(&value).expect("decodes");
+    assert_eq!(
+        (mapping.mapping_id, mapping.table_id),
+        (MappingId(6), TableId(3))
+    );
+    assert_eq!(mapping.names.len(), 1);
+    assert_eq!(
+        crate::codec::wire::MappingValue::decode(&body[..]).map(|m| m.mapping_id),
+        Ok(6),
+        "prost reads it the same way"
+    );
+}
+
+#[test]
+fn a_known_field_of_the_wrong_wire_type_is_malformed() {
+    let mut body = Vec::new();
+    prost::encoding::string::encode(1, &"not an int".to_owned(), &mut body);
+    let mut value = vec![FORMAT_V1];
+    value.extend_from_slice(&body);
+    let checksum = crc32fast::hash(&value);
+    value.extend_from_slice(&checksum.to_be_bytes());
+    assert!(matches!(
+        decode_mapping(&value),
+        Err(CodecError::MalformedValue { .. })
+    ));
+    assert!(matches!(
+        decode_data_file(&value),
+        Err(CodecError::MalformedValue { .. })
+    ));
 }
 
 proptest! {
@@ -226,7 +329,20 @@ proptest! {
 
     #[test]
     fn data_files_round_trip(file in any_data_file()) {
-        prop_assert_eq!(decode_data_file(&encode_data_file(&file)), Ok(file));
+        let bytes = encode_data_file(&file).expect("encodes");
+        prop_assert_eq!(decode_data_file(&bytes), Ok(file));
+    }
+
+    /// The hand-written codec writes exactly the bytes prost writes, and reads what prost
+    /// writes: the format is prost's, field for field.
+    #[test]
+    fn the_codec_agrees_with_prost(mapping in any_mapping(), file in any_data_file()) {
+        let reference = sealed(&wire_mapping(&mapping));
+        prop_assert_eq!(&encode_mapping(&mapping), &reference);
+        prop_assert_eq!(decode_mapping(&reference), Ok(mapping));
+        let reference = sealed(&wire_data_file(&file));
+        prop_assert_eq!(&encode_data_file(&file).expect("encodes"), &reference);
+        prop_assert_eq!(decode_data_file(&reference), Ok(file));
     }
 
     #[test]
@@ -248,5 +364,12 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
         let _ = decode_mapping(&bytes);
         let _ = decode_data_file(&bytes);
+        // Past the envelope too: a valid checksum around arbitrary protobuf.
+        let mut value = vec![FORMAT_V1];
+        value.extend_from_slice(&bytes);
+        let checksum = crc32fast::hash(&value);
+        value.extend_from_slice(&checksum.to_be_bytes());
+        let _ = decode_mapping(&value);
+        let _ = decode_data_file(&value);
     }
 }

@@ -1,6 +1,13 @@
 use proptest::prelude::*;
 
+use super::super::{Insert, Op, Staging};
 use super::*;
+use crate::catalog::Catalog;
+use crate::codec::{KeyPrefix, Keyspace};
+use crate::kv::Store;
+use crate::model::{
+    CatalogTable, ColumnMapping, ColumnMappingRow, MappingId, NameMappingRow, TableId,
+};
 
 fn row(mapping_id: i64, column_id: i64, name: &str, parent: Option<i64>) -> NameMappingRow {
     NameMappingRow {
@@ -13,14 +20,35 @@ fn row(mapping_id: i64, column_id: i64, name: &str, parent: Option<i64>) -> Name
     }
 }
 
-fn fold(rows: &[NameMappingRow]) -> (Option<ColumnMapping>, Vec<Violation>) {
-    let mut violations = Vec::new();
-    let mut groups = NameGroups::default();
-    groups.add(rows, 0, &mut violations);
-    let group = groups.take(7);
-    let record = fold_mapping(1, 7, Some("map_by_name".into()), group, &mut violations);
-    violations.extend(groups.into_orphans());
-    (record, violations)
+/// Stages mapping 7 of table 1, then `rows`: the record as the transaction sees it (`None`
+/// while it has no name row), the final violations, and those still pending.
+fn fold(rows: &[NameMappingRow]) -> (Option<ColumnMapping>, Vec<Violation>, Vec<Violation>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let catalog = Catalog::new(Store::memory(), Keyspace::new(KeyPrefix::none()));
+        let mut staging = Staging::new(catalog.snapshot().await.expect("snapshot"));
+        let mut violations = Vec::new();
+        let mapping = ColumnMappingRow {
+            mapping_id: Some(7),
+            table_id: Some(1),
+            map_type: Some("map_by_name".into()),
+        };
+        for op in [
+            Op::Insert(Insert::column_mappings(&[mapping])),
+            Op::Insert(Insert::name_mappings(rows)),
+        ] {
+            staging.apply(&op, &mut violations).await.expect("staged");
+        }
+        let record = staging
+            .view()
+            .mapping(TableId(1), MappingId(7))
+            .await
+            .expect("read")
+            .filter(|record| !record.names.is_empty());
+        (record, violations, staging.pending())
+    })
 }
 
 #[test]
@@ -30,8 +58,8 @@ fn rows_in_any_order_fold_into_column_order() {
         row(7, 0, "s", None),
         row(7, 1, "a", Some(0)),
     ];
-    let (record, violations) = fold(&rows);
-    assert_eq!(violations, vec![]);
+    let (record, violations, pending) = fold(&rows);
+    assert_eq!((violations, pending), (vec![], vec![]));
     let record = record.expect("folded");
     let names: Vec<&str> = record
         .names
@@ -43,12 +71,13 @@ fn rows_in_any_order_fold_into_column_order() {
 
 #[test]
 fn empty_group_is_rejected() {
-    let (record, violations) = fold(&[]);
+    let (record, violations, pending) = fold(&[]);
     // Kept for a transaction's view (its name rows may come later); the violation blocks
     // the commit.
-    assert_eq!(record.map(|r| r.names.len()), Some(0));
+    assert_eq!(record, None);
+    assert_eq!(violations, vec![]);
     assert_eq!(
-        violations,
+        pending,
         vec![Violation::EmptyMapping {
             table_id: 1,
             mapping_id: 7
@@ -63,10 +92,11 @@ fn orphan_rows_are_reported_by_mapping() {
         row(8, 0, "x", None),
         row(8, 1, "y", Some(0)),
     ];
-    let (record, violations) = fold(&rows);
+    let (record, violations, pending) = fold(&rows);
     assert!(record.is_some());
+    assert_eq!(violations, vec![]);
     assert_eq!(
-        violations,
+        pending,
         vec![Violation::OrphanNameMappings {
             mapping_id: 8,
             rows: 2
@@ -83,7 +113,7 @@ fn duplicate_column_ids_are_reported_once_each() {
         row(7, 1, "d", None),
         row(7, 0, "e", None),
     ];
-    let (record, violations) = fold(&rows);
+    let (record, violations, _) = fold(&rows);
     assert_eq!(record, None);
     assert_eq!(
         violations,
@@ -107,7 +137,7 @@ fn parent_at_or_after_child_is_rejected() {
         row(7, 1, "b", Some(2)),
         row(7, 2, "c", None),
     ];
-    let (record, violations) = fold(&rows);
+    let (record, violations, _) = fold(&rows);
     assert_eq!(record, None);
     assert_eq!(
         violations,
@@ -133,20 +163,25 @@ fn gaps_in_column_ids_are_allowed_but_parents_must_exist() {
         row(7, 5, "b", Some(0)),
         row(7, 9, "c", Some(3)),
     ];
-    let (record, violations) = fold(&rows);
+    let (record, violations, pending) = fold(&rows);
     // A missing parent may still be staged: the record stays in the view, the violation
     // blocks the commit.
     assert_eq!(record.map(|r| r.names.len()), Some(3));
+    assert_eq!(violations, vec![]);
     assert_eq!(
-        violations,
+        pending,
         vec![Violation::ParentMissing {
             mapping_id: 7,
             column_id: 9,
             parent_column: 3
         }]
     );
-    let (record, violations) = fold(&rows[..2]);
-    assert_eq!(violations, vec![], "column_id contiguity is not enforced");
+    let (record, violations, pending) = fold(&rows[..2]);
+    assert_eq!(
+        (violations, pending),
+        (vec![], vec![]),
+        "column_id contiguity is not enforced"
+    );
     assert_eq!(record.expect("folded").names.len(), 2);
 }
 
@@ -158,17 +193,10 @@ fn null_columns_name_the_column_and_position() {
     let mut no_parent_id = row(7, 2, "c", None);
     no_parent_id.mapping_id = None;
     let rows = [row(7, 0, "a", None), bad, no_parent_id];
-    let (record, violations) = fold(&rows);
-    assert_eq!(record, None);
+    let (_, violations, _) = fold(&rows);
     assert_eq!(
         violations,
         vec![
-            Violation::NullColumn {
-                table: CatalogTable::NameMapping,
-                column: "mapping_id",
-                row: 2,
-                row_id: None
-            },
             Violation::NullColumn {
                 table: CatalogTable::NameMapping,
                 column: "source_name",
@@ -180,6 +208,12 @@ fn null_columns_name_the_column_and_position() {
                 column: "is_partition",
                 row: 1,
                 row_id: Some(7)
+            },
+            Violation::NullColumn {
+                table: CatalogTable::NameMapping,
+                column: "mapping_id",
+                row: 2,
+                row_id: None
             },
         ]
     );
@@ -230,8 +264,9 @@ fn any_tree() -> impl Strategy<Value = Vec<NameMappingRow>> {
 proptest! {
     #[test]
     fn fold_then_flat_map_gives_back_the_rows(rows in any_tree()) {
-        let (record, violations) = fold(&rows);
+        let (record, violations, pending) = fold(&rows);
         prop_assert_eq!(violations, vec![]);
+        prop_assert_eq!(pending, vec![]);
         let record = record.expect("folded");
         let mut expected = rows.clone();
         expected.sort_by_key(|r| r.column_id);

@@ -1,0 +1,282 @@
+//! The catalog tables as Arrow: schemas derived from the column tables of [`crate::model`],
+//! builders that take [`Cell`]s, and typed access to the columns of canonical batches.
+//!
+//! A batch is *canonical* for a list of columns when it has exactly those columns, in order,
+//! with their Arrow types (BIGINT → Int64, VARCHAR → Utf8, BOOLEAN → Boolean). The write path
+//! turns whatever clients send into canonical batches once ([`crate::write::decode`]); the
+//! read path builds canonical batches of the projected columns.
+
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray as _, BooleanArray, BooleanBuilder, Int64Array, Int64Builder,
+    StringArray, StringBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+
+use crate::model::{
+    CatalogTable, Cell, Column, SqlType, commit_upload_columns, mapping_load_columns,
+};
+
+/// The Arrow type of a SQL type.
+#[must_use]
+pub fn arrow_type(ty: SqlType) -> DataType {
+    match ty {
+        SqlType::BigInt => DataType::Int64,
+        SqlType::Varchar => DataType::Utf8,
+        SqlType::Boolean => DataType::Boolean,
+    }
+}
+
+/// The Arrow schema of `columns`.
+#[must_use]
+pub fn schema_of(columns: &[Column]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|c| Field::new(c.name, arrow_type(c.ty), c.nullable))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The Arrow schema of `columns` with every column nullable: rows as received, before
+/// validation has refused NULL keys.
+#[must_use]
+pub fn nullable_schema_of(columns: &[Column]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|c| Field::new(c.name, arrow_type(c.ty), true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+static TABLE_SCHEMAS: LazyLock<[SchemaRef; 3]> =
+    LazyLock::new(|| CatalogTable::ALL.map(|table| schema_of(table.columns())));
+
+/// The Arrow schema of `table`, as DuckLake defines the table.
+#[must_use]
+pub fn table_schema(table: CatalogTable) -> SchemaRef {
+    let [column_mapping, name_mapping, data_file] = &*TABLE_SCHEMAS;
+    Arc::clone(match table {
+        CatalogTable::ColumnMapping => column_mapping,
+        CatalogTable::NameMapping => name_mapping,
+        CatalogTable::DataFile => data_file,
+    })
+}
+
+/// The Arrow schema of DuckLake's mapping load (the join of the two mapping tables).
+#[must_use]
+pub fn mapping_load_schema() -> SchemaRef {
+    static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(mapping_load_columns()));
+    Arc::clone(&SCHEMA)
+}
+
+/// The Arrow schema of a one-stream commit upload.
+#[must_use]
+pub fn commit_upload_schema() -> SchemaRef {
+    static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(commit_upload_columns()));
+    Arc::clone(&SCHEMA)
+}
+
+/// A builder of one column.
+#[derive(Debug)]
+pub enum ColumnBuilder {
+    /// A BIGINT column.
+    BigInt(Int64Builder),
+    /// A VARCHAR column.
+    Varchar(StringBuilder),
+    /// A BOOLEAN column.
+    Boolean(BooleanBuilder),
+}
+
+impl ColumnBuilder {
+    /// A builder for `ty` with room for `rows` values.
+    #[must_use]
+    pub fn new(ty: SqlType, rows: usize) -> Self {
+        match ty {
+            SqlType::BigInt => Self::BigInt(Int64Builder::with_capacity(rows)),
+            SqlType::Varchar => Self::Varchar(StringBuilder::with_capacity(rows, rows * 16)),
+            SqlType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(rows)),
+        }
+    }
+
+    /// Appends a BIGINT (or NULL); ignored by a builder of another type.
+    #[inline]
+    pub fn int(&mut self, value: Option<i64>) {
+        if let Self::BigInt(b) = self {
+            b.append_option(value);
+        }
+    }
+
+    /// Appends a VARCHAR (or NULL); ignored by a builder of another type.
+    #[inline]
+    pub fn text(&mut self, value: Option<&str>) {
+        if let Self::Varchar(b) = self {
+            b.append_option(value);
+        }
+    }
+
+    /// Appends a BOOLEAN (or NULL); ignored by a builder of another type.
+    #[inline]
+    pub fn boolean(&mut self, value: Option<bool>) {
+        if let Self::Boolean(b) = self {
+            b.append_option(value);
+        }
+    }
+
+    /// Appends a cell; a cell of another type than the builder's is NULL.
+    pub fn cell(&mut self, cell: Cell<'_>) {
+        match (self, cell) {
+            (Self::BigInt(b), Cell::BigInt(v)) => b.append_value(v),
+            (Self::Varchar(b), Cell::Varchar(v)) => b.append_value(v),
+            (Self::Boolean(b), Cell::Boolean(v)) => b.append_value(v),
+            (Self::BigInt(b), _) => b.append_null(),
+            (Self::Varchar(b), _) => b.append_null(),
+            (Self::Boolean(b), _) => b.append_null(),
+        }
+    }
+
+    /// The values appended so far; the builder starts over empty.
+    pub fn finish(&mut self) -> ArrayRef {
+        match self {
+            Self::BigInt(b) => Arc::new(b.finish()),
+            Self::Varchar(b) => Arc::new(b.finish()),
+            Self::Boolean(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+/// A canonical batch of `columns` holding `rows`, every column nullable.
+///
+/// # Errors
+/// Only on an internal inconsistency of the builders.
+pub fn batch_of<'a>(
+    columns: &[Column],
+    rows: impl IntoIterator<Item = Vec<Cell<'a>>>,
+) -> Result<RecordBatch, ArrowError> {
+    let mut builders: Vec<ColumnBuilder> = columns
+        .iter()
+        .map(|c| ColumnBuilder::new(c.ty, 0))
+        .collect();
+    let mut count = 0;
+    for row in rows {
+        for (builder, cell) in builders.iter_mut().zip(row) {
+            builder.cell(cell);
+        }
+        count += 1;
+    }
+    let arrays: Vec<ArrayRef> = builders.iter_mut().map(ColumnBuilder::finish).collect();
+    RecordBatch::try_new_with_options(
+        nullable_schema_of(columns),
+        arrays,
+        &RecordBatchOptions::new().with_row_count(Some(count)),
+    )
+}
+
+/// Typed, borrowed access to the columns of a canonical batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Columns<'a> {
+    batch: &'a RecordBatch,
+    columns: &'a [Column],
+}
+
+impl<'a> Columns<'a> {
+    /// The columns of `batch`, which must be canonical for `columns`.
+    ///
+    /// # Errors
+    /// When it is not.
+    pub fn new(batch: &'a RecordBatch, columns: &'a [Column]) -> Result<Self, ArrowError> {
+        let canonical = batch.num_columns() == columns.len()
+            && batch
+                .columns()
+                .iter()
+                .zip(columns)
+                .all(|(array, column)| *array.data_type() == arrow_type(column.ty));
+        if !canonical {
+            return Err(ArrowError::SchemaError(format!(
+                "a batch of {:?} is not in the canonical form of {:?}",
+                batch.schema(),
+                columns.iter().map(|c| c.name).collect::<Vec<_>>()
+            )));
+        }
+        Ok(Self { batch, columns })
+    }
+
+    /// Rows in the batch.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    /// Whether the batch has no rows.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.batch.num_rows() == 0
+    }
+
+    /// The BIGINT column `i`.
+    #[must_use]
+    pub fn ints(&self, i: usize) -> Option<&'a Int64Array> {
+        self.batch.columns().get(i)?.as_primitive_opt::<Int64Type>()
+    }
+
+    /// The VARCHAR column `i`.
+    #[must_use]
+    pub fn texts(&self, i: usize) -> Option<&'a StringArray> {
+        self.batch.columns().get(i)?.as_string_opt::<i32>()
+    }
+
+    /// The BOOLEAN column `i`.
+    #[must_use]
+    pub fn bools(&self, i: usize) -> Option<&'a BooleanArray> {
+        self.batch.columns().get(i)?.as_boolean_opt()
+    }
+
+    /// BIGINT column `i` of row `row`.
+    #[must_use]
+    #[inline]
+    pub fn int(&self, i: usize, row: usize) -> Option<i64> {
+        self.ints(i)
+            .filter(|a| a.is_valid(row))
+            .map(|a| a.value(row))
+    }
+
+    /// VARCHAR column `i` of row `row`.
+    #[must_use]
+    #[inline]
+    pub fn text(&self, i: usize, row: usize) -> Option<&'a str> {
+        self.texts(i)
+            .filter(|a| a.is_valid(row))
+            .map(|a| a.value(row))
+    }
+
+    /// BOOLEAN column `i` of row `row`.
+    #[must_use]
+    #[inline]
+    pub fn boolean(&self, i: usize, row: usize) -> Option<bool> {
+        self.bools(i)
+            .filter(|a| a.is_valid(row))
+            .map(|a| a.value(row))
+    }
+
+    /// Column `i` of row `row` as a cell.
+    #[must_use]
+    pub fn cell(&self, i: usize, row: usize) -> Cell<'a> {
+        let value = match self.columns.get(i).map(|c| c.ty) {
+            Some(SqlType::BigInt) => self.int(i, row).map(Cell::BigInt),
+            Some(SqlType::Varchar) => self.text(i, row).map(Cell::Varchar),
+            Some(SqlType::Boolean) => self.boolean(i, row).map(Cell::Boolean),
+            None => None,
+        };
+        value.unwrap_or(Cell::Null)
+    }
+
+    /// Row `row` as cells, in column order.
+    #[must_use]
+    pub fn row(&self, row: usize) -> Vec<Cell<'a>> {
+        (0..self.columns.len()).map(|i| self.cell(i, row)).collect()
+    }
+}

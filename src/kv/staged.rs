@@ -1,0 +1,417 @@
+//! Staged writes: a transaction's net effect on each key it touches, kept in key order as the
+//! transaction is built, so that staging a change costs in proportion to the change, a view
+//! of the transaction shares the staged writes instead of copying them, and the commit hands
+//! them to the backend already sorted and reduced.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::ops::Bound;
+
+use bytes::Bytes;
+
+use super::write_set::{Mutation, PreparedWrite};
+use super::{KeyRange, KvError, StoreLimits};
+
+/// What a key must be in the store before the commit for it to apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requirement {
+    /// Anything.
+    None,
+    /// Absent (an insert-if-absent).
+    Absent,
+    /// Present.
+    Present,
+}
+
+/// A transaction's net effect on one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// What the key must be before the commit.
+    pub requirement: Requirement,
+    /// The key's value after the commit: `Some(Some(v))` written, `Some(None)` deleted, `None`
+    /// untouched (a requirement only).
+    pub write: Option<Option<Bytes>>,
+}
+
+impl Staged {
+    fn bytes(&self, key: &[u8]) -> usize {
+        key.len() + self.value_len()
+    }
+
+    fn value_len(&self) -> usize {
+        match &self.write {
+            Some(Some(value)) => value.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// One change to a key, folded into what is staged for it.
+#[derive(Debug, Clone)]
+enum Step {
+    Put(Bytes),
+    Insert(Bytes),
+    Delete,
+    RequirePresent,
+}
+
+/// The previous states of the keys a change touched, so that the change can be taken back.
+#[derive(Debug)]
+#[must_use = "an undo log does nothing unless it is applied or dropped on purpose"]
+pub struct Undo {
+    previous: Vec<(Bytes, Option<Staged>)>,
+    /// Whether changes are recorded at all: a change that will never be taken back need not
+    /// keep what it replaced.
+    recording: bool,
+}
+
+impl Default for Undo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Undo {
+    /// An empty log.
+    pub fn new() -> Self {
+        Self {
+            previous: Vec::new(),
+            recording: true,
+        }
+    }
+
+    /// A log that records nothing, for changes that are never taken back.
+    pub fn off() -> Self {
+        Self {
+            previous: Vec::new(),
+            recording: false,
+        }
+    }
+
+    /// Entries recorded, for memory accounting.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.previous.len()
+    }
+
+    fn record(&mut self, key: Bytes, previous: Option<Staged>) {
+        if self.recording {
+            self.previous.push((key, previous));
+        }
+    }
+
+    /// Whether the change touched nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.previous.is_empty()
+    }
+}
+
+/// The staged writes of one transaction: one [`Staged`] per key, in key order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StagedWrites {
+    entries: BTreeMap<Bytes, Staged>,
+    /// Key and value bytes of every entry.
+    bytes: usize,
+}
+
+impl StagedWrites {
+    /// Nothing staged.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keys touched.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no key is touched.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Key and value bytes staged.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// What is staged for `key`.
+    #[must_use]
+    pub fn get(&self, key: &[u8]) -> Option<&Staged> {
+        self.entries.get(key)
+    }
+
+    /// What a read of `key` through the transaction sees, where the transaction decides it:
+    /// `Some(Some(value))` written, `Some(None)` deleted; `None` means "as in the store".
+    #[must_use]
+    pub fn read(&self, key: &[u8]) -> Option<Option<&Bytes>> {
+        self.entries
+            .get(key)
+            .and_then(|staged| staged.write.as_ref().map(Option::as_ref))
+    }
+
+    /// The keys of `range` the transaction writes or deletes, in key order, with what it
+    /// leaves there. Keys only required are left out.
+    #[must_use]
+    pub fn written(
+        &self,
+        range: (Bound<&[u8]>, Bound<&[u8]>),
+    ) -> impl DoubleEndedIterator<Item = (&Bytes, Option<&Bytes>)> {
+        self.entries
+            .range::<[u8], _>(range)
+            .filter_map(|(key, staged)| Some((key, staged.write.as_ref()?.as_ref())))
+    }
+
+    /// The keys of `range` written or deleted, as [`written`](Self::written).
+    #[must_use]
+    pub fn written_in(
+        &self,
+        range: &KeyRange,
+    ) -> impl DoubleEndedIterator<Item = (&Bytes, Option<&Bytes>)> {
+        self.written((
+            Bound::Included(range.start.as_slice()),
+            Bound::Excluded(range.end.as_slice()),
+        ))
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &Staged)> {
+        self.entries.iter()
+    }
+
+    /// Stages `key = value` whatever was there.
+    ///
+    /// # Errors
+    /// Never for a put; the signature is shared with the other changes.
+    pub fn put(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Result<(), KvError> {
+        self.step(key, Step::Put(value), undo)
+    }
+
+    /// Stages `key = value`, requiring the key to be absent unless this transaction already
+    /// deleted it.
+    ///
+    /// # Errors
+    /// [`KvError::ContradictoryWriteSet`] when the transaction already wrote the key.
+    pub fn insert(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Result<(), KvError> {
+        self.step(key, Step::Insert(value), undo)
+    }
+
+    /// Stages the removal of `key`, if present.
+    ///
+    /// # Errors
+    /// Never for a delete; the signature is shared with the other changes.
+    pub fn delete(&mut self, key: Bytes, undo: &mut Undo) -> Result<(), KvError> {
+        self.step(key, Step::Delete, undo)
+    }
+
+    /// Requires `key` to be present at the commit, unless the transaction writes it itself.
+    ///
+    /// # Errors
+    /// [`KvError::ContradictoryWriteSet`] when the transaction deleted the key.
+    pub fn require_present(&mut self, key: Bytes, undo: &mut Undo) -> Result<(), KvError> {
+        self.step(key, Step::RequirePresent, undo)
+    }
+
+    /// Stages one [`Mutation`].
+    ///
+    /// # Errors
+    /// As the change it is.
+    pub fn apply(&mut self, mutation: Mutation, undo: &mut Undo) -> Result<(), KvError> {
+        match mutation {
+            Mutation::Put { key, value } => self.put(key, value, undo),
+            Mutation::Insert { key, value } => self.insert(key, value, undo),
+            Mutation::Delete { key } => self.delete(key, undo),
+            Mutation::RequirePresent { key } => self.require_present(key, undo),
+        }
+    }
+
+    /// Takes back every change `undo` recorded, newest first.
+    pub fn undo(&mut self, undo: Undo) {
+        for (key, previous) in undo.previous.into_iter().rev() {
+            if let Some(now) = self.entries.remove(&key) {
+                self.bytes -= now.bytes(&key);
+            }
+            if let Some(previous) = previous {
+                self.bytes += previous.bytes(&key);
+                self.entries.insert(key, previous);
+            }
+        }
+    }
+
+    /// Folds a change of `key` into what is staged for it. The state the key is in at this
+    /// point is known when the transaction wrote it; otherwise it is the store's.
+    fn step(&mut self, key: Bytes, step: Step, undo: &mut Undo) -> Result<(), KvError> {
+        match self.entries.entry(key) {
+            Entry::Vacant(slot) => {
+                let staged = match step {
+                    Step::Put(value) => Staged {
+                        requirement: Requirement::None,
+                        write: Some(Some(value)),
+                    },
+                    Step::Insert(value) => Staged {
+                        requirement: Requirement::Absent,
+                        write: Some(Some(value)),
+                    },
+                    Step::Delete => Staged {
+                        requirement: Requirement::None,
+                        write: Some(None),
+                    },
+                    Step::RequirePresent => Staged {
+                        requirement: Requirement::Present,
+                        write: None,
+                    },
+                };
+                undo.record(slot.key().clone(), None);
+                self.bytes += staged.bytes(slot.key());
+                slot.insert(staged);
+            }
+            Entry::Occupied(mut slot) => {
+                let mut next = slot.get().clone();
+                let contradiction = |reason| KvError::ContradictoryWriteSet {
+                    key: slot.key().to_vec(),
+                    reason,
+                };
+                let present_here = match &next.write {
+                    Some(value) => Some(value.is_some()),
+                    None => (next.requirement == Requirement::Present).then_some(true),
+                };
+                match step {
+                    Step::Put(value) => next.write = Some(Some(value)),
+                    Step::Delete => next.write = Some(None),
+                    Step::Insert(value) => match present_here {
+                        Some(true) => return Err(contradiction("inserted after it was written")),
+                        Some(false) => next.write = Some(Some(value)),
+                        None => {
+                            next.requirement = Requirement::Absent;
+                            next.write = Some(Some(value));
+                        }
+                    },
+                    Step::RequirePresent => match present_here {
+                        Some(true) => {}
+                        Some(false) => {
+                            return Err(contradiction("required after it was deleted"));
+                        }
+                        None => next.requirement = Requirement::Present,
+                    },
+                }
+                let key = slot.key().clone();
+                let previous = std::mem::replace(slot.get_mut(), next);
+                self.bytes -= previous.bytes(&key);
+                self.bytes += slot.get().bytes(&key);
+                undo.record(key, Some(previous));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the limits and lists the writes for a backend: one per key, in key order.
+    pub(crate) fn prepare(&self, limits: &StoreLimits) -> Result<Vec<PreparedWrite>, KvError> {
+        let ops = self.entries.len();
+        if ops > limits.max_write_set_ops || self.bytes > limits.max_write_set_bytes {
+            return Err(KvError::WriteSetTooLarge {
+                ops,
+                bytes: self.bytes,
+                max_ops: limits.max_write_set_ops,
+                max_bytes: limits.max_write_set_bytes,
+            });
+        }
+        let mut out = Vec::with_capacity(ops);
+        for (key, staged) in &self.entries {
+            if key.len() > limits.max_key_bytes {
+                return Err(KvError::KeyTooLarge {
+                    len: key.len(),
+                    max: limits.max_key_bytes,
+                });
+            }
+            if staged.value_len() > limits.max_value_bytes {
+                return Err(KvError::ValueTooLarge {
+                    key: key.to_vec(),
+                    len: staged.value_len(),
+                    max: limits.max_value_bytes,
+                });
+            }
+            out.push(PreparedWrite {
+                key: key.clone(),
+                requirement: staged.requirement,
+                write: staged.write.clone(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(text: &str) -> Bytes {
+        Bytes::copy_from_slice(text.as_bytes())
+    }
+
+    #[test]
+    fn changes_fold_per_key_and_undo_restores_exactly() {
+        let mut staged = StagedWrites::new();
+        let mut first = Undo::new();
+        staged.insert(b("a"), b("1"), &mut first).expect("insert");
+        staged.require_present(b("b"), &mut first).expect("require");
+        let before = staged.clone();
+
+        let mut second = Undo::new();
+        staged.delete(b("a"), &mut second).expect("delete");
+        staged
+            .insert(b("a"), b("22"), &mut second)
+            .expect("re-insert");
+        staged.put(b("b"), b("3"), &mut second).expect("put");
+        staged.put(b("c"), b("4"), &mut second).expect("put");
+        assert_eq!(staged.read(b"a"), Some(Some(&b("22"))));
+        assert_eq!(
+            staged.get(b"a").map(|s| s.requirement),
+            Some(Requirement::Absent),
+            "still an insert-if-absent against the store"
+        );
+        assert_eq!(
+            staged.get(b"b").map(|s| s.requirement),
+            Some(Requirement::Present)
+        );
+        assert_eq!(staged.bytes(), 3 + 2 + 2);
+        staged.undo(second);
+        assert_eq!(staged, before);
+        assert_eq!(staged.bytes(), 2 + 1);
+    }
+
+    #[test]
+    fn contradictions_are_refused() {
+        let mut staged = StagedWrites::new();
+        let mut undo = Undo::new();
+        staged.put(b("a"), b("1"), &mut undo).expect("put");
+        assert!(matches!(
+            staged.insert(b("a"), b("2"), &mut undo),
+            Err(KvError::ContradictoryWriteSet { .. })
+        ));
+        staged.delete(b("z"), &mut undo).expect("delete");
+        assert!(matches!(
+            staged.require_present(b("z"), &mut undo),
+            Err(KvError::ContradictoryWriteSet { .. })
+        ));
+    }
+
+    #[test]
+    fn written_leaves_out_requirements() {
+        let mut staged = StagedWrites::new();
+        let mut undo = Undo::new();
+        staged.require_present(b("a"), &mut undo).expect("require");
+        staged.delete(b("b"), &mut undo).expect("delete");
+        staged.put(b("c"), b("3"), &mut undo).expect("put");
+        let range = KeyRange::new(b"a".to_vec(), b"z".to_vec());
+        let seen: Vec<_> = staged
+            .written_in(&range)
+            .map(|(k, v)| (k.clone(), v.cloned()))
+            .collect();
+        assert_eq!(seen, vec![(b("b"), None), (b("c"), Some(b("3")))]);
+    }
+}

@@ -1,0 +1,1069 @@
+//! Staging: the changes of one transaction applied one at a time to its staged writes.
+//!
+//! Each change is validated against the snapshot the transaction reads and the changes staged
+//! before it, and turned into store writes at once: records are encoded straight from the
+//! rows' Arrow columns, and the reads a change needs (does this key exist, which rows does
+//! this delete match) are batched per change, as index spans, multi-range reads or sorted
+//! multi-gets. A change therefore costs in proportion to itself, not to what was staged
+//! before it.
+//!
+//! Violations come in two kinds ([`Violation::is_pending`]): a final one (a repeated key, a
+//! malformed tree) is reported with the change that made it, and the caller takes the change
+//! back ([`Staging::begin_request`], [`Staging::end_request`]); a pending one (a mapping whose
+//! name rows have not arrived, a file whose mapping has not) is kept as state and checked when
+//! the transaction commits ([`Staging::pending`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::mem;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt as _;
+
+use super::fold::{self, OwnedName};
+use super::validate::Violation;
+use super::{Delete, EndTarget, Insert, Op, Update};
+use crate::batch::Columns;
+use crate::catalog::{CatalogSnapshot, check_data_file};
+use crate::codec::{
+    DataFileRecord, Keyspace, Kind, MappingHead, NameRef, encode_data_file_into,
+    encode_mapping_into, read_mapping,
+};
+use crate::error::{Error, Result};
+use crate::kv::{PageSize, Requirement, StagedWrites, Undo};
+use crate::model::{CatalogTable, Cell, TableId};
+
+/// Bytes of bookkeeping per staged key beyond its key and value: the map's node share, two
+/// buffer handles and the entry.
+const BYTES_PER_KEY: usize = 112;
+/// Bytes of bookkeeping per inserted data file (its mapping reference) and per inserted
+/// mapping (the id map).
+const BYTES_PER_REFERENCE: usize = 48;
+/// Keys and values are built into shared buffers, the first of this size, each next one
+/// twice the last up to [`ARENA_CHUNK_MAX`]: a small transaction holds little, a large one
+/// allocates rarely.
+const ARENA_CHUNK_MIN: usize = 4 << 10;
+const ARENA_CHUNK_MAX: usize = 1 << 20;
+
+/// Columns of a canonical `ducklake_column_mapping` batch.
+const CM_MAPPING_ID: usize = 0;
+const CM_TABLE_ID: usize = 1;
+const CM_TYPE: usize = 2;
+/// Columns of a canonical `ducklake_data_file` batch.
+const DF_DATA_FILE_ID: usize = 0;
+const DF_TABLE_ID: usize = 1;
+const DF_END_SNAPSHOT: usize = 3;
+const DF_MAPPING_ID: usize = 15;
+
+/// The net effect of a transaction on the stored records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanSummary {
+    /// Mapping records created.
+    pub mappings_created: u64,
+    /// Mapping records deleted.
+    pub mappings_deleted: u64,
+    /// Data files created.
+    pub files_created: u64,
+    /// Data files changed (end transitions).
+    pub files_updated: u64,
+    /// Data files deleted.
+    pub files_deleted: u64,
+}
+
+/// A data file inserted by the transaction, and the mapping it references.
+#[derive(Debug, Clone, Copy)]
+struct Reference {
+    data_file_id: i64,
+    table_id: i64,
+    mapping_id: i64,
+    /// Whether the snapshot the transaction reads holds the mapping.
+    in_base: bool,
+}
+
+/// A change to the staging's own bookkeeping, so that it can be taken back.
+#[derive(Debug)]
+enum Change {
+    InsertedId {
+        id: i64,
+        previous: Option<i64>,
+    },
+    Unnamed {
+        key: (i64, i64),
+        was: bool,
+    },
+    MissingParents {
+        key: (i64, i64),
+        previous: Option<Vec<Violation>>,
+    },
+    Waiting {
+        id: i64,
+        previous: Option<Vec<OwnedName>>,
+    },
+    Refused {
+        id: i64,
+    },
+}
+
+/// What a request changed, to take it back (with the undo log of the staged writes).
+#[derive(Debug)]
+struct Journal {
+    changes: Vec<Change>,
+    references: usize,
+    inserted_rows: [usize; 3],
+    summary: PlanSummary,
+    affected: usize,
+}
+
+/// Keys and values built into shared buffers: no allocation per record.
+#[derive(Debug, Default)]
+struct Arena {
+    buf: BytesMut,
+    scratch: Vec<u8>,
+    chunk: usize,
+}
+
+impl Arena {
+    /// Bytes holding what `build` writes.
+    fn build(&mut self, build: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+        self.scratch.clear();
+        build(&mut self.scratch);
+        if self.buf.capacity() - self.buf.len() < self.scratch.len() {
+            self.chunk = (self.chunk * 2).clamp(ARENA_CHUNK_MIN, ARENA_CHUNK_MAX);
+            self.buf = BytesMut::with_capacity(self.chunk.max(self.scratch.len()));
+        }
+        self.buf.extend_from_slice(&self.scratch);
+        self.buf.split().freeze()
+    }
+}
+
+/// The staged changes of one transaction.
+#[derive(Debug)]
+pub struct Staging {
+    base: CatalogSnapshot,
+    writes: Arc<StagedWrites>,
+    arena: Arena,
+    /// Per `mapping_id`, the table of the mapping the transaction inserted that its later
+    /// name rows join.
+    inserted_ids: HashMap<i64, i64>,
+    /// Mappings inserted with no name row yet, `(table_id, mapping_id)`.
+    unnamed: BTreeSet<(i64, i64)>,
+    /// Mappings with a `parent_column` that is none of their columns (yet).
+    missing_parents: BTreeMap<(i64, i64), Vec<Violation>>,
+    /// Name rows whose mapping the transaction has not inserted (yet), by `mapping_id`.
+    waiting: BTreeMap<i64, Vec<OwnedName>>,
+    /// Mappings whose insert was refused: their name rows are part of that refusal, not
+    /// orphans of their own.
+    refused: BTreeSet<i64>,
+    waiting_bytes: usize,
+    references: Vec<Reference>,
+    /// Rows inserted so far into each table, for positions in messages.
+    inserted_rows: [usize; 3],
+    summary: PlanSummary,
+    affected: Vec<u64>,
+    /// The open request, if any.
+    journal: Option<Journal>,
+    /// What the open request's writes replaced; records nothing outside a request.
+    undo: Undo,
+}
+
+/// The key of a mapping, as the staging tracks it.
+type MappingKey = (i64, i64);
+
+fn table_slot(table: CatalogTable) -> usize {
+    match table {
+        CatalogTable::ColumnMapping => 0,
+        CatalogTable::NameMapping => 1,
+        CatalogTable::DataFile => 2,
+    }
+}
+
+impl Staging {
+    /// Nothing staged yet, over `base`.
+    #[must_use]
+    pub fn new(base: CatalogSnapshot) -> Self {
+        Self {
+            base,
+            writes: Arc::new(StagedWrites::new()),
+            arena: Arena::default(),
+            inserted_ids: HashMap::new(),
+            unnamed: BTreeSet::new(),
+            missing_parents: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            refused: BTreeSet::new(),
+            waiting_bytes: 0,
+            references: Vec::new(),
+            inserted_rows: [0; 3],
+            summary: PlanSummary::default(),
+            affected: Vec::new(),
+            journal: None,
+            undo: Undo::off(),
+        }
+    }
+
+    /// The snapshot the transaction reads.
+    #[must_use]
+    pub fn base(&self) -> &CatalogSnapshot {
+        &self.base
+    }
+
+    /// What the transaction reads: its snapshot with its staged writes over it. Shares the
+    /// staged writes; a later change copies them only while such a view is still held.
+    #[must_use]
+    pub fn view(&self) -> CatalogSnapshot {
+        self.base.overlaid(Arc::clone(&self.writes))
+    }
+
+    /// The staged writes.
+    #[must_use]
+    pub fn writes(&self) -> &StagedWrites {
+        &self.writes
+    }
+
+    /// Rows each change affected, in order.
+    #[must_use]
+    pub fn affected(&self) -> &[u64] {
+        &self.affected
+    }
+
+    /// The net effect so far.
+    #[must_use]
+    pub fn summary(&self) -> PlanSummary {
+        self.summary
+    }
+
+    /// Memory the staged state holds, in bytes: keys and values, their bookkeeping, rows
+    /// waiting for their mapping, and what the open request would need to be taken back.
+    #[must_use]
+    pub fn memory(&self) -> u64 {
+        let keys = self.writes.len()
+            + self.undo.len()
+            + self
+                .journal
+                .as_ref()
+                .map_or(0, |journal| journal.changes.len());
+        let bytes = self.writes.bytes()
+            + keys * BYTES_PER_KEY
+            + (self.references.len() + self.inserted_ids.len()) * BYTES_PER_REFERENCE
+            + self.waiting_bytes
+            + self.arena.buf.capacity()
+            + self.arena.scratch.capacity();
+        u64::try_from(bytes).unwrap_or(u64::MAX)
+    }
+
+    /// Starts a request: its changes can be taken back whole by
+    /// [`end_request(false)`](Self::end_request).
+    pub fn begin_request(&mut self) {
+        self.undo = Undo::new();
+        self.journal = Some(Journal {
+            changes: Vec::new(),
+            references: self.references.len(),
+            inserted_rows: self.inserted_rows,
+            summary: self.summary,
+            affected: self.affected.len(),
+        });
+    }
+
+    /// Ends the request begun last: keeps its changes, or takes them all back.
+    pub fn end_request(&mut self, keep: bool) {
+        let undo = mem::replace(&mut self.undo, Undo::off());
+        let Some(journal) = self.journal.take() else {
+            return;
+        };
+        if keep {
+            return;
+        }
+        Arc::make_mut(&mut self.writes).undo(undo);
+        for change in journal.changes.into_iter().rev() {
+            match change {
+                Change::InsertedId { id, previous } => match previous {
+                    Some(table) => {
+                        self.inserted_ids.insert(id, table);
+                    }
+                    None => {
+                        self.inserted_ids.remove(&id);
+                    }
+                },
+                Change::Unnamed { key, was } => {
+                    if was {
+                        self.unnamed.insert(key);
+                    } else {
+                        self.unnamed.remove(&key);
+                    }
+                }
+                Change::MissingParents { key, previous } => match previous {
+                    Some(previous) => {
+                        self.missing_parents.insert(key, previous);
+                    }
+                    None => {
+                        self.missing_parents.remove(&key);
+                    }
+                },
+                Change::Refused { id } => {
+                    self.refused.remove(&id);
+                }
+                Change::Waiting { id, previous } => {
+                    let now = match previous {
+                        Some(previous) => self.waiting.insert(id, previous),
+                        None => self.waiting.remove(&id),
+                    };
+                    self.waiting_bytes -= now.iter().flatten().map(OwnedName::size).sum::<usize>();
+                    self.waiting_bytes += self
+                        .waiting
+                        .get(&id)
+                        .iter()
+                        .copied()
+                        .flatten()
+                        .map(OwnedName::size)
+                        .sum::<usize>();
+                }
+            }
+        }
+        self.references.truncate(journal.references);
+        self.inserted_rows = journal.inserted_rows;
+        self.summary = journal.summary;
+        self.affected.truncate(journal.affected);
+    }
+
+    fn record(&mut self, change: Change) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.changes.push(change);
+        }
+    }
+
+    /// The staged writes to change, the undo log, the arena and the keyspace, borrowed
+    /// together.
+    fn parts(&mut self) -> (&mut StagedWrites, &mut Undo, &mut Arena, &Keyspace) {
+        (
+            Arc::make_mut(&mut self.writes),
+            &mut self.undo,
+            &mut self.arena,
+            self.base.keyspace(),
+        )
+    }
+}
+
+/// `key` of `kind` for `(table_id, id)` into `out`, replacing what it held.
+fn key_into(out: &mut Vec<u8>, keyspace: &Keyspace, kind: Kind, table_id: i64, id: i64) {
+    out.clear();
+    keyspace.put_row_key(out, kind, TableId(table_id), id);
+}
+
+fn canonical(insert: &Insert) -> Result<Columns<'_>> {
+    Columns::new(insert.rows(), insert.table().columns()).map_err(|err| Error::InvalidRequest {
+        reason: format!("rows for {}: {err}", insert.table()),
+    })
+}
+
+impl Staging {
+    /// Applies one change. Final violations go to `violations` (and the caller takes the
+    /// request back, or fails the batch); pending ones stay in the staging until the commit.
+    /// Returns the rows the change affected in the transaction's view.
+    ///
+    /// # Errors
+    /// [`Error::Kv`] or [`Error::Codec`] when reading the snapshot fails, and
+    /// [`Error::InvalidRequest`] for rows that are not canonical for their table.
+    pub async fn apply(&mut self, op: &Op, violations: &mut Vec<Violation>) -> Result<u64> {
+        let affected = match op {
+            Op::Insert(insert) => match insert.table() {
+                CatalogTable::ColumnMapping => self.insert_mappings(insert, violations).await?,
+                CatalogTable::NameMapping => self.insert_names(insert, violations)?,
+                CatalogTable::DataFile => self.insert_files(insert, violations).await?,
+            },
+            Op::Delete(delete) => self.delete(delete, violations).await?,
+            Op::Update(update) => self.update(update, violations).await?,
+        };
+        self.affected.push(affected);
+        Ok(affected)
+    }
+
+    /// The position of the first of `rows` rows inserted into `table`, among the
+    /// transaction's inserts into it.
+    fn positions(&mut self, table: CatalogTable, rows: usize) -> usize {
+        let Some(slot) = self.inserted_rows.get_mut(table_slot(table)) else {
+            return 0;
+        };
+        let first = *slot;
+        *slot += rows;
+        first
+    }
+
+    async fn insert_mappings(
+        &mut self,
+        insert: &Insert,
+        violations: &mut Vec<Violation>,
+    ) -> Result<u64> {
+        let rows = canonical(insert)?;
+        let first = self.positions(CatalogTable::ColumnMapping, rows.len());
+        let null = |column, row: usize, row_id| Violation::NullColumn {
+            table: CatalogTable::ColumnMapping,
+            column,
+            row: first + row,
+            row_id,
+        };
+        let mut candidates = Vec::with_capacity(rows.len());
+        for row in 0..rows.len() {
+            let Some(mapping_id) = rows.int(CM_MAPPING_ID, row) else {
+                violations.push(null("mapping_id", row, None));
+                continue;
+            };
+            let Some(table_id) = rows.int(CM_TABLE_ID, row) else {
+                violations.push(null("table_id", row, Some(mapping_id)));
+                self.refuse(mapping_id);
+                continue;
+            };
+            candidates.push((row, table_id, mapping_id));
+        }
+        // Does the snapshot hold the keys the staged writes do not decide? One index span.
+        let keyspace = self.base.keyspace().clone();
+        let mut key = Vec::new();
+        let mut ask: Vec<i64> = candidates
+            .iter()
+            .filter(|(_, table_id, mapping_id)| {
+                key_into(&mut key, &keyspace, Kind::Mapping, *table_id, *mapping_id);
+                self.writes.read(&key).is_none()
+            })
+            .map(|(_, _, mapping_id)| *mapping_id)
+            .collect();
+        ask.sort_unstable();
+        ask.dedup();
+        let in_base: std::collections::HashSet<MappingKey> = self
+            .base
+            .index_rows(Kind::MappingById, &ask)
+            .await?
+            .into_iter()
+            .map(|row| (row.table_id.0, row.id))
+            .collect();
+
+        for (row, table_id, mapping_id) in candidates {
+            key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
+            match self.writes.read(&key) {
+                Some(Some(_)) => {
+                    violations.push(Violation::DuplicateMappingInBatch {
+                        table_id,
+                        mapping_id,
+                    });
+                    continue;
+                }
+                None if in_base.contains(&(table_id, mapping_id)) => {
+                    violations.push(Violation::MappingExists {
+                        table_id,
+                        mapping_id,
+                    });
+                    self.refuse(mapping_id);
+                    continue;
+                }
+                // Absent, or deleted by this transaction: created (again).
+                Some(None) | None => {}
+            }
+            let head = MappingHead {
+                mapping_id,
+                table_id,
+                map_type: rows.text(CM_TYPE, row),
+            };
+            let waiting = self.take_waiting(mapping_id);
+            let mut names: Vec<NameRef<'_>> =
+                waiting.iter().flatten().map(OwnedName::as_ref).collect();
+            names.sort_by_key(|name| name.column_id);
+            let mut pending = Vec::new();
+            if fold::check_names(mapping_id, &names, violations, &mut pending) {
+                self.refuse(mapping_id);
+                continue;
+            }
+            let has_names = !names.is_empty();
+            let (writes, undo, arena, keyspace) = self.parts();
+            let value = arena.build(|out| encode_mapping_into(out, &head, names.iter().copied()));
+            let row_key = arena.build(|out| {
+                keyspace.put_row_key(out, Kind::Mapping, TableId(table_id), mapping_id);
+            });
+            let index_key = arena.build(|out| {
+                keyspace.put_row_key(out, Kind::MappingById, TableId(table_id), mapping_id);
+            });
+            writes.insert(row_key, value, undo)?;
+            writes.insert(index_key, Bytes::new(), undo)?;
+            self.set_inserted_id(mapping_id, table_id);
+            self.set_unnamed((table_id, mapping_id), !has_names);
+            self.set_missing_parents((table_id, mapping_id), pending);
+            self.summary.mappings_created += 1;
+        }
+        Ok(rows.len() as u64)
+    }
+
+    fn insert_names(&mut self, insert: &Insert, violations: &mut Vec<Violation>) -> Result<u64> {
+        let rows = canonical(insert)?;
+        let first = self.positions(CatalogTable::NameMapping, rows.len());
+        let mut valid: Vec<u32> = Vec::with_capacity(rows.len());
+        for row in 0..rows.len() {
+            let null = |column, row_id| Violation::NullColumn {
+                table: CatalogTable::NameMapping,
+                column,
+                row: first + row,
+                row_id,
+            };
+            let Some(mapping_id) = rows.int(fold::MAPPING_ID, row) else {
+                violations.push(null("mapping_id", None));
+                continue;
+            };
+            let before = violations.len();
+            if rows.int(fold::COLUMN_ID, row).is_none() {
+                violations.push(null("column_id", Some(mapping_id)));
+            }
+            if rows.text(fold::SOURCE_NAME, row).is_none() {
+                violations.push(null("source_name", Some(mapping_id)));
+            }
+            if rows.int(fold::TARGET_FIELD_ID, row).is_none() {
+                violations.push(null("target_field_id", Some(mapping_id)));
+            }
+            if rows.boolean(fold::IS_PARTITION, row).is_none() {
+                violations.push(null("is_partition", Some(mapping_id)));
+            }
+            if violations.len() == before {
+                valid.push(u32::try_from(row).map_err(|_| Error::InvalidRequest {
+                    reason: "a batch of more than 2^32 rows".into(),
+                })?);
+            }
+        }
+        let order = fold::grouped(&rows, &valid);
+        let mut group: Vec<NameRef<'_>> = Vec::new();
+        let mut rest = order.as_slice();
+        while let Some(&head) = rest.first() {
+            let mapping_id = rows
+                .int(fold::MAPPING_ID, head as usize)
+                .unwrap_or_default();
+            let len = rest
+                .iter()
+                .take_while(|&&row| rows.int(fold::MAPPING_ID, row as usize) == Some(mapping_id))
+                .count();
+            let (run, tail) = rest.split_at(len);
+            rest = tail;
+            group.clear();
+            group.extend(run.iter().map(|&row| fold::name_at(&rows, row as usize)));
+            self.attach(mapping_id, &group, violations)?;
+        }
+        Ok(rows.len() as u64)
+    }
+
+    /// Adds name rows (sorted by `column_id`) to the mapping `mapping_id` this transaction
+    /// inserted, or keeps them waiting for it.
+    fn attach(
+        &mut self,
+        mapping_id: i64,
+        group: &[NameRef<'_>],
+        violations: &mut Vec<Violation>,
+    ) -> Result<()> {
+        let keyspace = self.base.keyspace().clone();
+        let target = self
+            .inserted_ids
+            .get(&mapping_id)
+            .copied()
+            .and_then(|table_id| {
+                let mut key = Vec::new();
+                key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
+                let value = self.writes.read(&key)??.clone();
+                Some((table_id, key, value))
+            });
+        let Some((table_id, key, value)) = target else {
+            if !self.refused.contains(&mapping_id) {
+                self.extend_waiting(mapping_id, group.iter().map(OwnedName::of));
+            }
+            return Ok(());
+        };
+        let record = read_mapping(&value)?;
+        let head = record.head();
+        let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
+        let merged: Vec<NameRef<'_>> = if existing.is_empty() {
+            group.to_vec()
+        } else {
+            let mut merged = existing;
+            merged.extend_from_slice(group);
+            merged.sort_by_key(|name| name.column_id);
+            merged
+        };
+        let mut pending = Vec::new();
+        if fold::check_names(mapping_id, &merged, violations, &mut pending) {
+            // The mapping is refused with its name rows: it leaves the view, so what
+            // references it is reported too.
+            let row = crate::codec::RowKey {
+                kind: Kind::Mapping,
+                table_id: TableId(table_id),
+                id: mapping_id,
+            };
+            self.delete_rows(Kind::Mapping, &[row])?;
+            self.refuse(mapping_id);
+            return Ok(());
+        }
+        let (writes, undo, arena, _) = self.parts();
+        let value = arena.build(|out| encode_mapping_into(out, &head, merged.iter().copied()));
+        writes.put(Bytes::from(key), value, undo)?;
+        self.set_unnamed((table_id, mapping_id), false);
+        self.set_missing_parents((table_id, mapping_id), pending);
+        Ok(())
+    }
+
+    async fn insert_files(
+        &mut self,
+        insert: &Insert,
+        violations: &mut Vec<Violation>,
+    ) -> Result<u64> {
+        let rows = canonical(insert)?;
+        let first = self.positions(CatalogTable::DataFile, rows.len());
+        let mut candidates = Vec::with_capacity(rows.len());
+        for row in 0..rows.len() {
+            let null = |column, row_id| Violation::NullColumn {
+                table: CatalogTable::DataFile,
+                column,
+                row: first + row,
+                row_id,
+            };
+            let Some(data_file_id) = rows.int(DF_DATA_FILE_ID, row) else {
+                violations.push(null("data_file_id", None));
+                continue;
+            };
+            let Some(table_id) = rows.int(DF_TABLE_ID, row) else {
+                violations.push(null("table_id", Some(data_file_id)));
+                continue;
+            };
+            candidates.push((row, data_file_id, table_id));
+        }
+        let keyspace = self.base.keyspace().clone();
+        let (in_base, mappings_in_base) = self.files_in_base(&rows, &candidates).await?;
+        let mut key = Vec::new();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        let mut references = Vec::new();
+        for (row, data_file_id, table_id) in candidates {
+            key_into(
+                &mut lo,
+                &keyspace,
+                Kind::DataFileById,
+                i64::MIN,
+                data_file_id,
+            );
+            key_into(
+                &mut hi,
+                &keyspace,
+                Kind::DataFileById,
+                i64::MAX,
+                data_file_id,
+            );
+            let staged_here = self
+                .writes
+                .written((
+                    std::ops::Bound::Included(lo.as_slice()),
+                    std::ops::Bound::Included(hi.as_slice()),
+                ))
+                .any(|(_, value)| value.is_some());
+            if staged_here {
+                violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
+                continue;
+            }
+            let live_in_base = in_base.get(&data_file_id).is_some_and(|tables| {
+                tables.iter().any(|table| {
+                    key_into(&mut key, &keyspace, Kind::DataFile, *table, data_file_id);
+                    !matches!(self.writes.read(&key), Some(None))
+                })
+            });
+            if live_in_base {
+                violations.push(Violation::DataFileExists { data_file_id });
+                continue;
+            }
+            if let Some(mapping_id) = rows.int(DF_MAPPING_ID, row) {
+                key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
+                references.push(Reference {
+                    data_file_id,
+                    table_id,
+                    mapping_id,
+                    in_base: mappings_in_base.contains(&key),
+                });
+            }
+            let (writes, undo, arena, keyspace) = self.parts();
+            let mut encoded = Ok(());
+            let value = arena.build(|out| {
+                encoded = encode_data_file_into(out, |i| rows.cell(i, row));
+            });
+            encoded?;
+            let row_key = arena.build(|out| {
+                keyspace.put_row_key(out, Kind::DataFile, TableId(table_id), data_file_id);
+            });
+            let index_key = arena.build(|out| {
+                keyspace.put_row_key(out, Kind::DataFileById, TableId(table_id), data_file_id);
+            });
+            writes.insert(row_key, value, undo)?;
+            writes.insert(index_key, Bytes::new(), undo)?;
+            self.summary.files_created += 1;
+        }
+        self.references.extend(references);
+        Ok(rows.len() as u64)
+    }
+
+    /// What the snapshot holds of the data files `candidates` (`(row, data_file_id,
+    /// table_id)`) insert: the tables each id is in (one index span), and the keys of the
+    /// mappings they reference that it holds (one sorted multi-get), leaving out what the
+    /// staged writes decide.
+    async fn files_in_base(
+        &self,
+        rows: &Columns<'_>,
+        candidates: &[(usize, i64, i64)],
+    ) -> Result<(HashMap<i64, Vec<i64>>, BTreeSet<Vec<u8>>)> {
+        let keyspace = self.base.keyspace();
+        let mut ids: Vec<i64> = candidates.iter().map(|(_, id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut in_base: HashMap<i64, Vec<i64>> = HashMap::new();
+        for row in self.base.index_rows(Kind::DataFileById, &ids).await? {
+            in_base.entry(row.id).or_default().push(row.table_id.0);
+        }
+        let mut key = Vec::new();
+        let mut mapping_keys: Vec<Vec<u8>> = candidates
+            .iter()
+            .filter_map(|(row, _, table_id)| {
+                let mapping_id = rows.int(DF_MAPPING_ID, *row)?;
+                key_into(&mut key, keyspace, Kind::Mapping, *table_id, mapping_id);
+                self.writes.read(&key).is_none().then(|| key.clone())
+            })
+            .collect();
+        mapping_keys.sort_unstable();
+        mapping_keys.dedup();
+        let found = self.base.values(&mapping_keys).await?;
+        let mappings_in_base = mapping_keys
+            .into_iter()
+            .zip(found)
+            .filter(|(_, value)| value.is_some())
+            .map(|(key, _)| key)
+            .collect();
+        Ok((in_base, mappings_in_base))
+    }
+
+    /// The keys of rows present in the transaction's view, in `ranges` of a row kind.
+    async fn keys_in_view(
+        &self,
+        ranges: Vec<crate::kv::KeyRange>,
+    ) -> Result<Vec<crate::codec::RowKey>> {
+        let view = self.view();
+        let mut pages = view.pages(ranges, PageSize::default());
+        let mut rows = Vec::new();
+        while let Some(page) = pages.next().await {
+            for (key, _) in page?.iter() {
+                rows.push(view.keyspace().decode(key)?);
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn delete(&mut self, delete: &Delete, violations: &mut Vec<Violation>) -> Result<u64> {
+        let keyspace = self.base.keyspace().clone();
+        match delete {
+            Delete::ColumnMappingsOfTables(tables) => {
+                let ranges = keyspace.tables_ranges(Kind::Mapping, tables.iter().copied());
+                let rows = self.keys_in_view(ranges).await?;
+                self.delete_rows(Kind::Mapping, &rows)
+            }
+            Delete::ColumnMappings(ids) => {
+                let rows = self
+                    .view()
+                    .index_rows(Kind::MappingById, &sorted(ids.iter().map(|id| id.0)))
+                    .await?;
+                self.delete_rows(Kind::Mapping, &rows)
+            }
+            Delete::OrphanNameMappings => Ok(0),
+            Delete::NameMappings(ids) => {
+                let rows = self
+                    .view()
+                    .index_rows(Kind::MappingById, &sorted(ids.iter().map(|id| id.0)))
+                    .await?;
+                for row in rows {
+                    violations.push(Violation::LiveNameMappingDelete {
+                        table_id: row.table_id.0,
+                        mapping_id: row.id,
+                    });
+                }
+                Ok(0)
+            }
+            Delete::DataFiles(ids) => {
+                let rows = self
+                    .view()
+                    .index_rows(Kind::DataFileById, &sorted(ids.iter().map(|id| id.0)))
+                    .await?;
+                self.delete_rows(Kind::DataFile, &rows)
+            }
+            Delete::DataFileIdRange(range) => {
+                let rows = self
+                    .view()
+                    .index_entries(Kind::DataFileById, range.clone())
+                    .await?;
+                self.delete_rows(Kind::DataFile, &rows)
+            }
+            Delete::DataFilesOfTables(tables) => {
+                let ranges = keyspace.tables_ranges(Kind::DataFile, tables.iter().copied());
+                let rows = self.keys_in_view(ranges).await?;
+                self.delete_rows(Kind::DataFile, &rows)
+            }
+        }
+    }
+
+    /// Deletes rows of row kind `kind` present in the view, with their index entries.
+    fn delete_rows(&mut self, kind: Kind, rows: &[crate::codec::RowKey]) -> Result<u64> {
+        let mut deleted = 0;
+        for row in rows {
+            let (table_id, id) = (row.table_id.0, row.id);
+            let (writes, undo, arena, keyspace) = self.parts();
+            let row_key = arena.build(|out| keyspace.put_row_key(out, kind, row.table_id, id));
+            let index_key =
+                arena.build(|out| keyspace.put_row_key(out, kind.counterpart(), row.table_id, id));
+            let created_here = writes.get(&row_key).is_some_and(|staged| {
+                staged.requirement == Requirement::Absent && matches!(staged.write, Some(Some(_)))
+            });
+            writes.delete(row_key, undo)?;
+            writes.delete(index_key, undo)?;
+            match (kind, created_here) {
+                (Kind::Mapping, true) => self.summary.mappings_created -= 1,
+                (Kind::Mapping, false) => self.summary.mappings_deleted += 1,
+                (_, true) => self.summary.files_created -= 1,
+                (_, false) => self.summary.files_deleted += 1,
+            }
+            if kind == Kind::Mapping && self.inserted_ids.get(&id) == Some(&table_id) {
+                self.remove_inserted_id(id);
+                self.set_unnamed((table_id, id), false);
+                self.set_missing_parents((table_id, id), Vec::new());
+            }
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    async fn update(&mut self, update: &Update, violations: &mut Vec<Violation>) -> Result<u64> {
+        let (end_snapshot, target) = match update {
+            Update::MappingTable(table) => {
+                violations.push(Violation::MappingUpdate { table: *table });
+                return Ok(0);
+            }
+            Update::OtherDataFileUpdate { description } => {
+                violations.push(Violation::UnsupportedDataFileUpdate {
+                    reason: description.clone(),
+                });
+                return Ok(0);
+            }
+            Update::EndDataFiles {
+                end_snapshot,
+                target,
+            } => (*end_snapshot, target),
+        };
+        let keyspace = self.base.keyspace().clone();
+        let rows = match target {
+            EndTarget::DataFiles(ids) => {
+                self.view()
+                    .index_rows(Kind::DataFileById, &sorted(ids.iter().map(|id| id.0)))
+                    .await?
+            }
+            EndTarget::Tables(tables) => {
+                let ranges = keyspace.tables_ranges(Kind::DataFile, tables.iter().copied());
+                self.keys_in_view(ranges).await?
+            }
+        };
+        let keys: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|row| keyspace.row_key(Kind::DataFile, row.table_id, row.id))
+            .collect();
+        let values = self.view().values(&keys).await?;
+        let mut updated = 0;
+        for (key, value) in keys.into_iter().zip(values) {
+            let Some(value) = value else { continue };
+            let record: DataFileRecord<'_> = check_data_file(&keyspace, &key, &value)?;
+            if record.cell(DF_END_SNAPSHOT) != Cell::Null {
+                continue;
+            }
+            let (writes, undo, arena, _) = self.parts();
+            let mut encoded = Ok(());
+            let ended = arena.build(|out| {
+                encoded = encode_data_file_into(out, |i| {
+                    if i == DF_END_SNAPSHOT {
+                        Cell::BigInt(end_snapshot)
+                    } else {
+                        record.cell(i)
+                    }
+                });
+            });
+            encoded?;
+            let key = Bytes::from(key);
+            let created_here = writes
+                .get(&key)
+                .is_some_and(|staged| staged.requirement == Requirement::Absent);
+            if !created_here {
+                // A stored file: it must still be there when the transaction commits.
+                writes.require_present(key.clone(), undo)?;
+                self.summary.files_updated += 1;
+            }
+            let (writes, undo, _, _) = self.parts();
+            writes.put(key, ended, undo)?;
+            updated += 1;
+        }
+        Ok(updated)
+    }
+
+    /// The violations a later change could still have mended, as they stand now: the
+    /// transaction cannot commit while there are any.
+    #[must_use]
+    pub fn pending(&self) -> Vec<Violation> {
+        let keyspace = self.base.keyspace();
+        let mut out: Vec<Violation> = self
+            .unnamed
+            .iter()
+            .map(|&(table_id, mapping_id)| Violation::EmptyMapping {
+                table_id,
+                mapping_id,
+            })
+            .collect();
+        out.extend(self.missing_parents.values().flatten().cloned());
+        out.extend(
+            self.waiting
+                .iter()
+                .map(|(&mapping_id, rows)| Violation::OrphanNameMappings {
+                    mapping_id,
+                    rows: rows.len(),
+                }),
+        );
+        let mut key = Vec::new();
+        for reference in &self.references {
+            key_into(
+                &mut key,
+                keyspace,
+                Kind::DataFile,
+                reference.table_id,
+                reference.data_file_id,
+            );
+            if !matches!(self.writes.read(&key), Some(Some(_))) {
+                continue;
+            }
+            key_into(
+                &mut key,
+                keyspace,
+                Kind::Mapping,
+                reference.table_id,
+                reference.mapping_id,
+            );
+            let known = match self.writes.read(&key) {
+                Some(written) => written.is_some(),
+                None => reference.in_base,
+            };
+            if !known {
+                out.push(Violation::UnknownMapping {
+                    data_file_id: reference.data_file_id,
+                    table_id: reference.table_id,
+                    mapping_id: reference.mapping_id,
+                });
+            }
+        }
+        out
+    }
+
+    /// The staged writes to commit, once nothing is pending: every stored mapping an inserted
+    /// file references is required to still be there.
+    ///
+    /// # Errors
+    /// [`Error::Validation`] with every pending violation.
+    pub fn into_writes(mut self) -> Result<(StagedWrites, Vec<u64>, PlanSummary)> {
+        let pending = self.pending();
+        if !pending.is_empty() {
+            return Err(Error::Validation(super::ValidationError {
+                violations: pending,
+            }));
+        }
+        self.end_request(true);
+        let references = mem::take(&mut self.references);
+        for reference in references {
+            let (writes, undo, arena, keyspace) = self.parts();
+            let key = arena.build(|out| {
+                keyspace.put_row_key(
+                    out,
+                    Kind::Mapping,
+                    TableId(reference.table_id),
+                    reference.mapping_id,
+                );
+            });
+            if reference.in_base && writes.read(&key).is_none() {
+                writes.require_present(key, undo)?;
+            }
+        }
+        let writes = Arc::try_unwrap(self.writes).unwrap_or_else(|shared| (*shared).clone());
+        Ok((writes, self.affected, self.summary))
+    }
+
+    // --- Bookkeeping that a request can take back. --------------------------------------
+
+    fn set_inserted_id(&mut self, id: i64, table_id: i64) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.inserted_ids.entry(id) {
+            slot.insert(table_id);
+            self.record(Change::InsertedId { id, previous: None });
+        }
+    }
+
+    fn remove_inserted_id(&mut self, id: i64) {
+        if let Some(previous) = self.inserted_ids.remove(&id) {
+            self.record(Change::InsertedId {
+                id,
+                previous: Some(previous),
+            });
+        }
+    }
+
+    fn set_unnamed(&mut self, key: MappingKey, unnamed: bool) {
+        let was = if unnamed {
+            !self.unnamed.insert(key)
+        } else {
+            self.unnamed.remove(&key)
+        };
+        if was != unnamed {
+            self.record(Change::Unnamed { key, was });
+        }
+    }
+
+    fn set_missing_parents(&mut self, key: MappingKey, missing: Vec<Violation>) {
+        let previous = if missing.is_empty() {
+            self.missing_parents.remove(&key)
+        } else {
+            self.missing_parents.insert(key, missing)
+        };
+        if previous.is_some() || self.missing_parents.contains_key(&key) {
+            self.record(Change::MissingParents { key, previous });
+        }
+    }
+
+    /// Marks mapping `id` as refused in this transaction: its name rows, waiting or still to
+    /// come, go with the refusal.
+    fn refuse(&mut self, id: i64) {
+        if self.refused.insert(id) {
+            self.record(Change::Refused { id });
+        }
+        drop(self.take_waiting(id));
+    }
+
+    fn take_waiting(&mut self, id: i64) -> Option<Vec<OwnedName>> {
+        let names = self.waiting.remove(&id)?;
+        self.waiting_bytes -= names.iter().map(OwnedName::size).sum::<usize>();
+        self.record(Change::Waiting {
+            id,
+            previous: Some(names.clone()),
+        });
+        Some(names)
+    }
+
+    fn extend_waiting(&mut self, id: i64, names: impl Iterator<Item = OwnedName>) {
+        let previous = self.waiting.get(&id).cloned();
+        let slot = self.waiting.entry(id).or_default();
+        let before = slot.len();
+        slot.extend(names);
+        self.waiting_bytes += slot
+            .get(before..)
+            .unwrap_or_default()
+            .iter()
+            .map(OwnedName::size)
+            .sum::<usize>();
+        self.record(Change::Waiting { id, previous });
+    }
+}
+
+/// `ids` sorted, without duplicates.
+fn sorted(ids: impl Iterator<Item = i64>) -> Vec<i64> {
+    let mut ids: Vec<i64> = ids.collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
