@@ -42,3 +42,11 @@ bench:
 bench-flight MAPPINGS="1000000":
     cargo build --release --locked --bin moraine
     ~/.cache/moraine/venv/bin/python benches/flight_load.py --binary target/release/moraine --mappings {{MAPPINGS}}
+
+# Writes benches/results/compare-SCALE.{json,md} from a release build; builds its own venv
+# (benches/compare-env); needs initdb/pg_ctl/postgres on PATH for the PostgreSQL column; never
+# run by the test suite. (SCALE: small = 10k mappings, medium = 100k, large = 1M.)
+# moraine against PostgreSQL 15, SQLite and a Flight transport anchor, on a synthetic catalog.
+bench-compare SCALE="medium":
+    cargo build --release --locked --bin moraine
+    benches/compare-env --scale {{SCALE}} --binary "$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/moraine"
