@@ -19,6 +19,7 @@ mod fake_tikv;
 mod flight_sql;
 mod flight_writes;
 mod harness;
+mod query_paths;
 mod redb_store;
 mod serve;
 #[cfg(feature = "tikv")]

@@ -26,9 +26,10 @@ const ID_ORDER_PAGE: PageSize = PageSize {
     bytes: 4 << 20,
 };
 
-/// Runs of consecutive ids shorter than this are looked up one range each; a sparser set is
-/// read as one span of the index.
-const DENSE_SPAN_FACTOR: i64 = 4;
+/// A set of ids whose span is at most this many times its size is read as one span of the
+/// index (a sequential read of small entries); a sparser set is probed one run of consecutive
+/// ids at a time, in one round trip.
+const DENSE_SPAN_FACTOR: i64 = 16;
 
 /// The catalog: a store and the keyspace of one deployment in it.
 #[derive(Debug, Clone)]

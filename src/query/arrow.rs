@@ -12,6 +12,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
+use super::pushdown::IdSet;
 use crate::batch::{ColumnBuilder, mapping_load_schema, table_schema};
 use crate::catalog::{check_data_file, check_mapping};
 use crate::codec::{Keyspace, MappingHead, NameRef};
@@ -44,6 +45,29 @@ impl Shape {
     #[must_use]
     pub fn reads_mappings(self) -> bool {
         !matches!(self, Shape::Table(CatalogTable::DataFile))
+    }
+}
+
+/// Which records a scan keeps: by row id, and by table. A mapping load keeps the name rows of
+/// every record of a kept `mapping_id`, whatever its table, as the SQL join does; only the
+/// mapping's own columns come from records of the kept tables.
+#[derive(Debug, Clone, Default)]
+pub struct Keep {
+    /// Row ids to keep; all when `None`.
+    pub ids: Option<IdSet>,
+    /// Tables to keep; all when `None`.
+    pub tables: Option<IdSet>,
+}
+
+impl Keep {
+    fn id(&self, id: i64) -> bool {
+        self.ids.as_ref().is_none_or(|ids| ids.contains(id))
+    }
+
+    fn table(&self, table_id: i64) -> bool {
+        self.tables
+            .as_ref()
+            .is_none_or(|tables| tables.contains(table_id))
     }
 }
 
@@ -185,17 +209,12 @@ impl RecordBuilder {
 
     /// Appends the rows of the current page's records, checked against their keys, until the
     /// builder holds `limit` rows or the page is used up; a record's rows (and a mapping load
-    /// group's) always go into one batch. `keep` says which row ids to keep.
+    /// group's) always go into one batch. `keep` says which records to keep.
     ///
     /// # Errors
     /// [`Error::Codec`](crate::Error::Codec) for a record that does not decode or does not
     /// belong under its key.
-    pub fn fill(
-        &mut self,
-        keyspace: &Keyspace,
-        limit: usize,
-        keep: &dyn Fn(i64) -> bool,
-    ) -> Result<()> {
+    pub fn fill(&mut self, keyspace: &Keyspace, limit: usize, keep: &Keep) -> Result<()> {
         let Self {
             shape,
             out,
@@ -210,20 +229,20 @@ impl RecordBuilder {
             match *shape {
                 Shape::Table(CatalogTable::DataFile) => {
                     let record = check_data_file(keyspace, key, value)?;
-                    if keep(record.data_file_id()) {
+                    if keep.id(record.data_file_id()) && keep.table(record.table_id()) {
                         out.row(|i| record.cell(i));
                     }
                 }
                 Shape::Table(CatalogTable::ColumnMapping) => {
                     let head = check_mapping(keyspace, key, value)?.head();
-                    if keep(head.mapping_id) {
+                    if keep.id(head.mapping_id) && keep.table(head.table_id) {
                         out.row(|i| head_cell(&head, i));
                     }
                 }
                 Shape::Table(CatalogTable::NameMapping) => {
                     let record = check_mapping(keyspace, key, value)?;
                     let head = record.head();
-                    if keep(head.mapping_id) {
+                    if keep.id(head.mapping_id) && keep.table(head.table_id) {
                         for name in record.names() {
                             let name = name?;
                             out.row(|i| name_table_cell(&head, &name, i));
@@ -260,14 +279,14 @@ impl RecordBuilder {
 /// Appends the mapping load's rows of the group of records of one `mapping_id` that starts
 /// at record `at` of `records` (one record, unless two tables use the same id); returns how
 /// many records the group holds. As in a SQL catalog, whose name rows carry no `table_id`,
-/// every record of the group joins every name row of the group; the rows leave parents first
-/// (`parent_column NULLS FIRST`), then by `column_id`.
+/// every kept record of the group joins every name row of the group, kept or not; the rows
+/// leave parents first (`parent_column NULLS FIRST`), then by `column_id`.
 fn append_load_group(
     out: &mut Out,
     keyspace: &Keyspace,
     records: &Page,
     at: usize,
-    keep: &dyn Fn(i64) -> bool,
+    keep: &Keep,
 ) -> Result<usize> {
     let mut heads: Vec<MappingHead<'_>> = Vec::with_capacity(1);
     let mut names: Vec<NameRef<'_>> = Vec::with_capacity(32);
@@ -280,13 +299,15 @@ fn append_load_group(
             break;
         }
         id = Some(head.mapping_id);
-        heads.push(head);
+        if keep.table(head.table_id) {
+            heads.push(head);
+        }
         for name in record.names() {
             names.push(name?);
         }
         taken += 1;
     }
-    if id.is_some_and(keep) {
+    if id.is_some_and(|id| keep.id(id)) {
         if !names.windows(2).all(|w| {
             matches!(w, [a, b] if (a.parent_column, a.column_id) <= (b.parent_column, b.column_id))
         }) {

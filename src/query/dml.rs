@@ -277,7 +277,7 @@ impl QueryEngine {
         let DfStatement::Statement(mut statement) = statement else {
             return Ok(None);
         };
-        rewrite::normalize(&mut statement);
+        rewrite::normalize(&mut statement, self.fast.mapping_load);
         match statement.as_ref() {
             Statement::Delete(delete) => parse_delete(delete).map(Some),
             Statement::Update(update) => parse_update(update).map(Some),

@@ -26,7 +26,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::arrow::Shape;
+use super::arrow::{Keep, Shape};
 use super::provider::table_ranges;
 use super::pushdown::{IdSet, KeyConstraints, constraint};
 use super::scan::{Access, CatalogScanExec};
@@ -90,44 +90,38 @@ impl TableProvider for MappingLoadProvider {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let constraints = KeyConstraints::of(CatalogTable::ColumnMapping, filters);
         let rows = constraints.rows;
-        let (access, keep) = match constraints.tables {
-            None => (
-                Access::IdOrder {
-                    ids: rows.unwrap_or_else(IdSet::all),
-                    tables: None,
-                },
-                None,
-            ),
+        let keep = Keep {
+            ids: rows.clone(),
+            tables: constraints.tables.clone(),
+        };
+        let access = match constraints.tables {
+            None => Access::IdOrder {
+                ids: rows.unwrap_or_else(IdSet::all),
+                tables: None,
+            },
             Some(tables) => match tables.enumerate(MAX_MERGED_TABLES) {
-                Some(list) if list.len() <= 1 => (
-                    Access::Ranges {
-                        ranges: table_ranges(&self.snapshot, Kind::Mapping, &tables, rows.as_ref()),
-                        tables: Some(tables),
-                    },
-                    rows,
-                ),
-                Some(list) => {
-                    let one_each: Vec<IdSet> = list.iter().map(|&t| IdSet::single(t)).collect();
-                    (
-                        Access::Merge {
-                            ranges: one_each
-                                .iter()
-                                .flat_map(|t| {
-                                    table_ranges(&self.snapshot, Kind::Mapping, t, rows.as_ref())
-                                })
-                                .collect(),
-                            tables: list,
-                        },
-                        rows,
-                    )
-                }
-                None => (
-                    Access::IdOrder {
-                        ids: rows.unwrap_or_else(IdSet::all),
-                        tables: Some(tables),
-                    },
-                    None,
-                ),
+                Some(list) if list.len() <= 1 => Access::Ranges {
+                    ranges: table_ranges(&self.snapshot, Kind::Mapping, &tables, rows.as_ref()),
+                    tables: Some(tables),
+                },
+                Some(list) => Access::Merge {
+                    ranges: list
+                        .iter()
+                        .flat_map(|&t| {
+                            table_ranges(
+                                &self.snapshot,
+                                Kind::Mapping,
+                                &IdSet::single(t),
+                                rows.as_ref(),
+                            )
+                        })
+                        .collect(),
+                    tables: list,
+                },
+                None => Access::IdOrder {
+                    ids: rows.unwrap_or_else(IdSet::all),
+                    tables: Some(tables),
+                },
             },
         };
         let schema = mapping_load_schema();

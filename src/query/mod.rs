@@ -43,6 +43,37 @@ pub const SCHEMA_NAME: &str = "main";
 pub struct QueryEngine {
     catalog: Catalog,
     base: SessionState,
+    fast: FastPaths,
+}
+
+/// The engine's fast paths, each of which must return exactly the rows of the plain plan: the
+/// differential tests run every query with each on and off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastPaths {
+    /// Filters on `table_id`, `mapping_id` and `data_file_id` read only their key or index
+    /// ranges (off: every scan reads the whole table and DataFusion filters).
+    pub key_ranges: bool,
+    /// DuckLake's join of the two mapping tables reads the joined table straight from the
+    /// mapping records (off: DataFusion joins and sorts the two tables).
+    pub mapping_load: bool,
+    /// A scan by key ranges runs as several partitions (off: one).
+    pub partitions: bool,
+}
+
+impl FastPaths {
+    /// Every fast path.
+    pub const ALL: FastPaths = FastPaths {
+        key_ranges: true,
+        mapping_load: true,
+        partitions: true,
+    };
+
+    /// None: the plain plan.
+    pub const NONE: FastPaths = FastPaths {
+        key_ranges: false,
+        mapping_load: false,
+        partitions: false,
+    };
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -65,6 +96,12 @@ impl QueryEngine {
     /// An engine over `catalog`.
     #[must_use]
     pub fn new(catalog: Catalog) -> Self {
+        Self::with_fast_paths(catalog, FastPaths::ALL)
+    }
+
+    /// An engine over `catalog` with only the fast paths `fast` on.
+    #[must_use]
+    pub fn with_fast_paths(catalog: Catalog, fast: FastPaths) -> Self {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
             .with_create_default_catalog_and_schema(false)
@@ -73,7 +110,11 @@ impl QueryEngine {
             .with_config(config)
             .with_default_features()
             .build();
-        Self { catalog, base }
+        Self {
+            catalog,
+            base,
+            fast,
+        }
     }
 
     /// The catalog queried.
@@ -86,7 +127,11 @@ impl QueryEngine {
     fn session(&self, snapshot: &CatalogSnapshot) -> Result<SessionContext> {
         let schema = MemorySchemaProvider::new();
         for table in CatalogTable::ALL {
-            let provider = Arc::new(CatalogTableProvider::new(table, snapshot.clone()));
+            let provider = Arc::new(CatalogTableProvider::new(
+                table,
+                snapshot.clone(),
+                self.fast,
+            ));
             datafusion::catalog::SchemaProvider::register_table(
                 &schema,
                 table.name().to_owned(),
@@ -143,7 +188,7 @@ impl QueryEngine {
                         .into(),
             });
         }
-        normalize(&mut statement);
+        normalize(&mut statement, self.fast.mapping_load);
         let plan = state
             .statement_to_plan(statement)
             .await
@@ -258,11 +303,11 @@ impl QueryEngine {
 
 /// The normalizations of [`rewrite`], also under `EXPLAIN`, so that it shows the plan the
 /// statement runs with.
-fn normalize(statement: &mut datafusion::sql::parser::Statement) {
+fn normalize(statement: &mut datafusion::sql::parser::Statement, mapping_load: bool) {
     use datafusion::sql::parser::Statement;
     match statement {
-        Statement::Statement(inner) => rewrite::normalize(inner),
-        Statement::Explain(explain) => normalize(&mut explain.statement),
+        Statement::Statement(inner) => rewrite::normalize(inner, mapping_load),
+        Statement::Explain(explain) => normalize(&mut explain.statement, mapping_load),
         _ => {}
     }
 }

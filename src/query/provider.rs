@@ -10,7 +10,8 @@ use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::arrow::Shape;
+use super::FastPaths;
+use super::arrow::{Keep, Shape};
 use super::pushdown::{IdSet, KeyConstraints, constraint};
 use super::scan::{Access, CatalogScanExec};
 use crate::batch::table_schema;
@@ -23,13 +24,18 @@ use crate::model::{CatalogTable, TableId};
 pub struct CatalogTableProvider {
     table: CatalogTable,
     snapshot: CatalogSnapshot,
+    fast: FastPaths,
 }
 
 impl CatalogTableProvider {
-    /// `table` as of `snapshot`.
+    /// `table` as of `snapshot`, with the fast paths `fast`.
     #[must_use]
-    pub fn new(table: CatalogTable, snapshot: CatalogSnapshot) -> Self {
-        Self { table, snapshot }
+    pub fn new(table: CatalogTable, snapshot: CatalogSnapshot, fast: FastPaths) -> Self {
+        Self {
+            table,
+            snapshot,
+            fast,
+        }
     }
 }
 
@@ -71,8 +77,8 @@ impl TableProvider for CatalogTableProvider {
             .iter()
             .map(|filter| match constraint(self.table, filter) {
                 // The scan reads exactly the matching keys and filters row ids itself.
-                Some(_) => TableProviderFilterPushDown::Exact,
-                None => TableProviderFilterPushDown::Unsupported,
+                Some(_) if self.fast.key_ranges => TableProviderFilterPushDown::Exact,
+                _ => TableProviderFilterPushDown::Unsupported,
             })
             .collect())
     }
@@ -88,22 +94,29 @@ impl TableProvider for CatalogTableProvider {
             CatalogTable::ColumnMapping | CatalogTable::NameMapping => Kind::Mapping,
             CatalogTable::DataFile => Kind::DataFile,
         };
-        let constraints = KeyConstraints::of(self.table, filters);
+        let constraints = if self.fast.key_ranges {
+            KeyConstraints::of(self.table, filters)
+        } else {
+            KeyConstraints::none()
+        };
         let (access, keep) = match (constraints.tables, constraints.rows) {
             (Some(tables), rows) => (
                 Access::Ranges {
                     ranges: table_ranges(&self.snapshot, kind, &tables, rows.as_ref()),
                     tables: Some(tables),
                 },
-                rows,
+                Keep {
+                    ids: rows,
+                    tables: None,
+                },
             ),
-            (None, Some(ids)) => (Access::IdOrder { ids, tables: None }, None),
+            (None, Some(ids)) => (Access::IdOrder { ids, tables: None }, Keep::default()),
             (None, None) => (
                 Access::Ranges {
                     ranges: vec![self.snapshot.keyspace().kind_range(kind)],
                     tables: None,
                 },
-                None,
+                Keep::default(),
             ),
         };
         Ok(Arc::new(CatalogScanExec::try_new(
@@ -112,7 +125,11 @@ impl TableProvider for CatalogTableProvider {
             access,
             keep,
             projection.cloned(),
-            state.config().target_partitions(),
+            if self.fast.partitions {
+                state.config().target_partitions()
+            } else {
+                1
+            },
             None,
         )?))
     }

@@ -29,6 +29,12 @@ impl IdSet {
         IdSet(vec![id..=id])
     }
 
+    /// The ids `ids`.
+    #[must_use]
+    pub fn of(ids: &[i64]) -> Self {
+        IdSet::from_ranges(ids.iter().map(|&id| id..=id).collect())
+    }
+
     fn from_ranges(mut ranges: Vec<RangeInclusive<i64>>) -> Self {
         ranges.retain(|r| r.start() <= r.end());
         ranges.sort_by_key(|r| *r.start());
@@ -42,6 +48,10 @@ impl IdSet {
             }
         }
         IdSet(out)
+    }
+
+    fn union(&self, other: &IdSet) -> IdSet {
+        IdSet::from_ranges(self.0.iter().chain(&other.0).cloned().collect())
     }
 
     fn intersect(&self, other: &IdSet) -> IdSet {
@@ -148,6 +158,12 @@ pub fn constraint(table: CatalogTable, expr: &Expr) -> Option<(KeyColumn, IdSet)
                 let (rc, rs) = constraint(table, right)?;
                 return (lc == rc).then(|| (lc, ls.intersect(&rs)));
             }
+            if *op == Operator::Or {
+                // DataFusion turns a short `IN` list into a chain of `OR`s.
+                let (lc, ls) = constraint(table, left)?;
+                let (rc, rs) = constraint(table, right)?;
+                return (lc == rc).then(|| (lc, ls.union(&rs)));
+            }
             let (column, value, op) = match (column_of(table, left), literal(right)) {
                 (Some(c), Some(v)) => (c, v, *op),
                 _ => (column_of(table, right)?, literal(left)?, op.swap()?),
@@ -224,6 +240,15 @@ pub struct KeyConstraints {
 }
 
 impl KeyConstraints {
+    /// No constraint: every key.
+    #[must_use]
+    pub fn none() -> Self {
+        KeyConstraints {
+            tables: None,
+            rows: None,
+        }
+    }
+
     /// The constraints of all `filters` the scan answers (the others are ignored here).
     #[must_use]
     pub fn of(table: CatalogTable, filters: &[Expr]) -> Self {
@@ -283,6 +308,17 @@ mod tests {
             constraint(t, &col("table_id").lt(lit(i64::MIN))),
             Some((KeyColumn::Table, IdSet(vec![])))
         );
+        assert_eq!(
+            constraint(
+                t,
+                &col("table_id")
+                    .eq(lit(9_i64))
+                    .or(col("table_id").eq(lit(5_i64)))
+                    .or(col("table_id").gt(lit(20_i64)))
+            ),
+            Some((KeyColumn::Table, IdSet(vec![5..=5, 9..=9, 21..=i64::MAX]))),
+            "short IN lists arrive as ORs"
+        );
     }
 
     #[test]
@@ -304,9 +340,10 @@ mod tests {
                 t,
                 &col("table_id")
                     .eq(lit(1_i64))
-                    .or(col("table_id").eq(lit(2_i64)))
+                    .or(col("data_file_id").eq(lit(2_i64)))
             ),
-            None
+            None,
+            "a disjunction over two columns"
         );
         assert_eq!(
             constraint(t, &col("mapping_id").eq(lit(1_i64))),

@@ -21,10 +21,11 @@ use datafusion::sql::sqlparser::ast::{
 
 use crate::model::CatalogTable;
 
-/// Applies every normalization to `statement`.
-pub fn normalize(statement: &mut Statement) {
+/// Applies every normalization to `statement`; DuckLake's mapping load reads the joined
+/// table only with `mapping_load`.
+pub fn normalize(statement: &mut Statement, mapping_load: bool) {
     number_placeholders(statement);
-    if read_mapping_load(statement) {
+    if mapping_load && read_mapping_load(statement) {
         return;
     }
     if let Statement::Query(query) = statement {
@@ -189,7 +190,7 @@ mod tests {
     fn normalized(sql: &str) -> String {
         let mut statements = Parser::parse_sql(&GenericDialect {}, sql).expect("parses");
         let statement = statements.first_mut().expect("one statement");
-        normalize(statement);
+        normalize(statement, true);
         statement.to_string()
     }
 

@@ -11,7 +11,7 @@
 //! index, or the tables merged.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,12 +29,11 @@ use datafusion::physical_plan::{
 use futures::stream::{self, BoxStream, StreamExt as _};
 use tokio::sync::mpsc;
 
-use super::arrow::{RecordBuilder, Shape};
+use super::arrow::{Keep, RecordBuilder, Shape};
 use super::pushdown::IdSet;
 use crate::catalog::CatalogSnapshot;
 use crate::codec::Kind;
 use crate::kv::{KeyRange, Page, PageSize};
-use crate::model::TableId;
 
 /// How a scan finds its records.
 #[derive(Debug, Clone)]
@@ -69,8 +68,8 @@ pub struct CatalogScanExec {
     shape: Shape,
     snapshot: CatalogSnapshot,
     access: Access,
-    /// Row ids to keep, when the access reads more than the filters admit.
-    keep: Option<IdSet>,
+    /// Records to keep, when the access reads more than the filters admit.
+    keep: Keep,
     projection: Option<Vec<usize>>,
     schema: SchemaRef,
     partitions: usize,
@@ -93,7 +92,7 @@ impl fmt::Debug for CatalogScanExec {
 }
 
 impl CatalogScanExec {
-    /// A scan of `shape` at `snapshot` reading `access`, keeping rows whose ids are in `keep`,
+    /// A scan of `shape` at `snapshot` reading `access`, keeping the records `keep` admits,
     /// with the columns `projection`, in `partitions` partitions (only a scan by ranges has
     /// more than one), declaring `ordering` when it holds.
     ///
@@ -103,7 +102,7 @@ impl CatalogScanExec {
         shape: Shape,
         snapshot: CatalogSnapshot,
         access: Access,
-        keep: Option<IdSet>,
+        keep: Keep,
         projection: Option<Vec<usize>>,
         partitions: usize,
         ordering: Option<LexOrdering>,
@@ -169,9 +168,16 @@ impl CatalogScanExec {
     /// The pages of one partition.
     fn pages(&self) -> BoxStream<'static, crate::Result<Page>> {
         match &self.access {
-            Access::Ranges { ranges, .. } => {
+            Access::Ranges { ranges, tables } => {
                 if self.partitions == 1 {
-                    return read_ahead(self.snapshot.pages(ranges.clone(), PageSize::default()), 2);
+                    let pages =
+                        read_ahead(self.snapshot.pages(ranges.clone(), PageSize::default()), 2);
+                    return match (self.shape, tables) {
+                        (Shape::MappingLoad, Some(tables)) => {
+                            with_shared_ids(self.snapshot.clone(), tables.clone(), pages)
+                        }
+                        _ => pages,
+                    };
                 }
                 // One reader for the partitions of one execution, whether DataFusion runs them
                 // together or one after another; the last partition to start clears the slot
@@ -197,17 +203,87 @@ impl CatalogScanExec {
                 })
                 .boxed()
             }
-            Access::IdOrder { ids, tables } => {
-                let keep = tables.clone().map(|tables| {
-                    Arc::new(move |table: TableId| tables.contains(table.0))
-                        as Arc<dyn Fn(TableId) -> bool + Send + Sync>
-                });
+            // The builder keeps the tables asked for (`Keep::tables`): a mapping load needs
+            // every record of a kept id.
+            Access::IdOrder { ids, .. } => {
                 self.snapshot
-                    .pages_in_id_order(self.kind(), ids.ranges().to_vec(), keep)
+                    .pages_in_id_order(self.kind(), ids.ranges().to_vec(), None)
             }
-            Access::Merge { ranges, .. } => merged(&self.snapshot, ranges),
+            Access::Merge { ranges, tables } => {
+                let pages = merged(&self.snapshot, ranges);
+                if self.shape == Shape::MappingLoad {
+                    let tables = IdSet::of(tables);
+                    with_shared_ids(self.snapshot.clone(), tables, pages)
+                } else {
+                    pages
+                }
+            }
         }
     }
+}
+
+/// The pages of a table-scoped read of mapping records in id order, each with the records of
+/// other tables that use the same mapping ids: in DuckLake's SQL join their name rows join
+/// the kept tables' mappings too (name rows carry no `table_id`). Mapping ids are seldom
+/// shared, but only the id index can tell: one batched index read per page.
+fn with_shared_ids(
+    snapshot: CatalogSnapshot,
+    tables: IdSet,
+    pages: BoxStream<'static, crate::Result<Page>>,
+) -> BoxStream<'static, crate::Result<Page>> {
+    pages
+        .then(move |page| {
+            let snapshot = snapshot.clone();
+            let tables = tables.clone();
+            async move {
+                let page = page?;
+                let keyspace = snapshot.keyspace();
+                let mut ids = page
+                    .iter()
+                    .map(|(key, _)| Ok(keyspace.decode(key)?.id))
+                    .collect::<crate::Result<Vec<i64>>>()?;
+                ids.dedup();
+                ids.sort_unstable();
+                ids.dedup();
+                let others: Vec<_> = snapshot
+                    .index_rows(Kind::MappingById, &ids)
+                    .await?
+                    .into_iter()
+                    .filter(|row| !tables.contains(row.table_id.0))
+                    .collect();
+                if others.is_empty() {
+                    return Ok(page);
+                }
+                let keys: Vec<Vec<u8>> = others
+                    .iter()
+                    .map(|row| keyspace.row_key(Kind::Mapping, row.table_id, row.id))
+                    .collect();
+                let values = snapshot.values(&keys).await?;
+                // The other tables' records of each shared id.
+                let mut extra: BTreeMap<i64, Page> = BTreeMap::new();
+                for ((row, key), value) in others.iter().zip(keys).zip(values) {
+                    if let Some(value) = value {
+                        extra.entry(row.id).or_default().push(&key, &value);
+                    }
+                }
+                let mut out = Page::with_capacity(page.len() + others.len(), page.bytes());
+                let mut pairs = page.iter().peekable();
+                while let Some((key, value)) = pairs.next() {
+                    out.push(key, value);
+                    let id = keyspace.decode(key)?.id;
+                    let group_ends = pairs.peek().is_none_or(|(next, _)| {
+                        keyspace.decode(next).map(|r| r.id).ok() != Some(id)
+                    });
+                    if group_ends && let Some(records) = extra.remove(&id) {
+                        for (key, value) in records.iter() {
+                            out.push(key, value);
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        })
+        .boxed()
 }
 
 /// Reads `pages` `ahead` pages ahead of the consumer, on a task of its own.
@@ -344,8 +420,8 @@ impl DisplayAs for CatalogScanExec {
             self.describe_access(),
             self.partitions
         )?;
-        if let Some(keep) = &self.keep {
-            write!(f, ", ids {}", keep.describe())?;
+        if let Some(ids) = &self.keep.ids {
+            write!(f, ", ids {}", ids.describe())?;
         }
         let columns: Vec<String> = self
             .schema
@@ -411,7 +487,6 @@ impl ExecutionPlan for CatalogScanExec {
             let keep = keep.clone();
             async move {
                 let (mut pages, mut builder, mut ended) = state?;
-                let keep = |id: i64| keep.as_ref().is_none_or(|ids| ids.contains(id));
                 loop {
                     if builder.page_done() {
                         if ended {
