@@ -8,10 +8,12 @@
 
 use std::sync::{Arc, LazyLock};
 
+use datafusion::arrow::array::builder::NullBufferBuilder;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray as _, BooleanArray, BooleanBuilder, Int64Array, Int64Builder,
-    StringArray, StringBuilder,
+    StringArray,
 };
+use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -81,13 +83,71 @@ pub fn commit_upload_schema() -> SchemaRef {
     Arc::clone(&SCHEMA)
 }
 
+/// A VARCHAR column built from bytes; their UTF-8 is checked once, for the whole column,
+/// when it is finished (checking each short string on its own costs more than reading it).
+#[derive(Debug)]
+pub struct TextBuilder {
+    offsets: Vec<usize>,
+    values: Vec<u8>,
+    nulls: NullBufferBuilder,
+}
+
+impl TextBuilder {
+    /// A builder with room for `rows` values of `bytes` bytes in all.
+    #[must_use]
+    pub fn with_capacity(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Self {
+            offsets,
+            values: Vec::with_capacity(bytes),
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    /// Appends a value.
+    #[inline]
+    pub fn append(&mut self, value: &[u8]) {
+        self.values.extend_from_slice(value);
+        self.offsets.push(self.values.len());
+        self.nulls.append_non_null();
+    }
+
+    /// Appends NULL.
+    #[inline]
+    pub fn append_null(&mut self) {
+        self.offsets.push(self.values.len());
+        self.nulls.append_null();
+    }
+
+    /// The values appended so far; the builder starts over empty.
+    ///
+    /// # Errors
+    /// When a value is not UTF-8, or the values outgrow a string array's offsets.
+    pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
+        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
+        let offsets = offsets
+            .into_iter()
+            .map(i32::try_from)
+            .collect::<Result<Vec<i32>, _>>()
+            .map_err(|_| ArrowError::ComputeError("a string column over 2 GiB".into()))?;
+        let values = std::mem::take(&mut self.values);
+        let nulls = self.nulls.finish();
+        Ok(Arc::new(StringArray::try_new(
+            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            Buffer::from(values),
+            nulls,
+        )?))
+    }
+}
+
 /// A builder of one column.
 #[derive(Debug)]
 pub enum ColumnBuilder {
     /// A BIGINT column.
     BigInt(Int64Builder),
     /// A VARCHAR column.
-    Varchar(StringBuilder),
+    Varchar(TextBuilder),
     /// A BOOLEAN column.
     Boolean(BooleanBuilder),
 }
@@ -98,7 +158,7 @@ impl ColumnBuilder {
     pub fn new(ty: SqlType, rows: usize) -> Self {
         match ty {
             SqlType::BigInt => Self::BigInt(Int64Builder::with_capacity(rows)),
-            SqlType::Varchar => Self::Varchar(StringBuilder::with_capacity(rows, rows * 16)),
+            SqlType::Varchar => Self::Varchar(TextBuilder::with_capacity(rows, rows * 16)),
             SqlType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(rows)),
         }
     }
@@ -111,11 +171,22 @@ impl ColumnBuilder {
         }
     }
 
-    /// Appends a VARCHAR (or NULL); ignored by a builder of another type.
+    /// Appends the BIGINT `value` `n` times; ignored by a builder of another type.
     #[inline]
-    pub fn text(&mut self, value: Option<&str>) {
+    pub fn int_n(&mut self, value: i64, n: usize) {
+        if let Self::BigInt(b) = self {
+            b.append_value_n(value, n);
+        }
+    }
+
+    /// Appends a VARCHAR (or NULL) from its bytes; ignored by a builder of another type.
+    #[inline]
+    pub fn text(&mut self, value: Option<&[u8]>) {
         if let Self::Varchar(b) = self {
-            b.append_option(value);
+            match value {
+                Some(value) => b.append(value),
+                None => b.append_null(),
+            }
         }
     }
 
@@ -128,10 +199,11 @@ impl ColumnBuilder {
     }
 
     /// Appends a cell; a cell of another type than the builder's is NULL.
+    #[inline]
     pub fn cell(&mut self, cell: Cell<'_>) {
         match (self, cell) {
             (Self::BigInt(b), Cell::BigInt(v)) => b.append_value(v),
-            (Self::Varchar(b), Cell::Varchar(v)) => b.append_value(v),
+            (Self::Varchar(b), Cell::Varchar(v)) => b.append(v.as_bytes()),
             (Self::Boolean(b), Cell::Boolean(v)) => b.append_value(v),
             (Self::BigInt(b), _) => b.append_null(),
             (Self::Varchar(b), _) => b.append_null(),
@@ -140,12 +212,15 @@ impl ColumnBuilder {
     }
 
     /// The values appended so far; the builder starts over empty.
-    pub fn finish(&mut self) -> ArrayRef {
-        match self {
+    ///
+    /// # Errors
+    /// When a VARCHAR value is not UTF-8.
+    pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
+        Ok(match self {
             Self::BigInt(b) => Arc::new(b.finish()),
-            Self::Varchar(b) => Arc::new(b.finish()),
+            Self::Varchar(b) => b.finish()?,
             Self::Boolean(b) => Arc::new(b.finish()),
-        }
+        })
     }
 }
 
@@ -168,7 +243,10 @@ pub fn batch_of<'a>(
         }
         count += 1;
     }
-    let arrays: Vec<ArrayRef> = builders.iter_mut().map(ColumnBuilder::finish).collect();
+    let arrays = builders
+        .iter_mut()
+        .map(ColumnBuilder::finish)
+        .collect::<Result<Vec<ArrayRef>, _>>()?;
     RecordBatch::try_new_with_options(
         nullable_schema_of(columns),
         arrays,

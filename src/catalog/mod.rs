@@ -13,8 +13,8 @@ use std::sync::Arc;
 use futures::stream::{self, BoxStream, StreamExt as _};
 
 use crate::codec::{
-    CodecError, DataFileRecord, Keyspace, Kind, MappingRecord, RowKey, decode_mapping, hex,
-    read_data_file, read_mapping,
+    CodecError, DataFileRecord, Keyspace, Kind, MappingHead, MappingRecord, RawName, RowKey,
+    decode_mapping, hex, read_data_file, read_mapping, read_mapping_raw,
 };
 use crate::error::Result;
 use crate::kv::{KeyRange, Page, PageSize, Snapshot, StagedWrites, Store};
@@ -346,6 +346,23 @@ pub fn check_mapping<'a>(
     let head = record.head();
     check_key(key, row, Kind::Mapping, head.table_id, head.mapping_id)?;
     Ok(record)
+}
+
+/// Reads a stored mapping record in one pass, its name rows appended to `names` with their
+/// names as stored bytes, and checks it belongs under `key`.
+///
+/// # Errors
+/// As [`check_mapping`].
+pub fn check_mapping_raw<'a>(
+    keyspace: &Keyspace,
+    key: &[u8],
+    value: &'a [u8],
+    names: &mut Vec<RawName<'a>>,
+) -> Result<MappingHead<'a>> {
+    let row = keyspace.decode(key)?;
+    let head = read_mapping_raw(value, names)?;
+    check_key(key, row, Kind::Mapping, head.table_id, head.mapping_id)?;
+    Ok(head)
 }
 
 /// Reads a stored data-file record in place and checks it belongs under `key`.

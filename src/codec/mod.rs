@@ -21,9 +21,9 @@ mod wire;
 
 pub use key::{KeyPrefix, Keyspace, Kind, RowKey, Subspace};
 pub use value::{
-    DATA_FILE_FIELDS, DataFileRecord, FORMAT_V1, MappingHead, MappingRecord, NameRef,
+    DATA_FILE_FIELDS, DataFileRecord, FORMAT_V1, MappingHead, MappingRecord, NameRef, RawName,
     decode_data_file, decode_mapping, encode_data_file, encode_data_file_into, encode_mapping,
-    encode_mapping_into, read_data_file, read_mapping,
+    encode_mapping_into, read_data_file, read_mapping, read_mapping_raw,
 };
 
 /// Bytes that are not what the codec wrote: a key of another layout or a corrupt value.

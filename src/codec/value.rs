@@ -291,7 +291,15 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    #[inline]
     fn varint(&mut self) -> Result<u64, CodecError> {
+        // One byte is the common case: small field numbers, small ids, short lengths.
+        if let Some((&byte, rest)) = self.bytes.split_first()
+            && byte < 0x80
+        {
+            self.bytes = rest;
+            return Ok(u64::from(byte));
+        }
         let mut value: u64 = 0;
         for (i, &byte) in self.bytes.iter().enumerate().take(10) {
             value |= u64::from(byte & 0x7f) << (7 * i);
@@ -313,6 +321,7 @@ impl<'a> Fields<'a> {
     }
 
     /// The next field: its number and its wire form.
+    #[inline]
     fn next_field(&mut self) -> Result<Option<(u64, Wire<'a>)>, CodecError> {
         if self.bytes.is_empty() {
             return Ok(None);
@@ -495,6 +504,83 @@ fn read_name(message: &[u8]) -> Result<NameRef<'_>, CodecError> {
             3 => name.target_field_id = as_int(RECORD, field, wire)?,
             4 => name.parent_column = Some(as_int(RECORD, field, wire)?),
             5 => name.is_partition = as_bool(RECORD, field, wire)?,
+            _ => {}
+        }
+    }
+    Ok(name)
+}
+
+/// One embedded name row of a mapping record, read in place with its name as stored bytes:
+/// for consumers that check the UTF-8 of many names at once (Arrow's string arrays do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawName<'a> {
+    /// `column_id`.
+    pub column_id: i64,
+    /// `source_name`, as stored.
+    pub source_name: &'a [u8],
+    /// `target_field_id`.
+    pub target_field_id: i64,
+    /// `parent_column`.
+    pub parent_column: Option<i64>,
+    /// `is_partition`.
+    pub is_partition: bool,
+}
+
+/// Reads a mapping record in one pass: its head, and its name rows appended to `names` in
+/// stored (`column_id`) order. The names' UTF-8 is left for the caller to check.
+///
+/// # Errors
+/// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
+pub fn read_mapping_raw<'a>(
+    bytes: &'a [u8],
+    names: &mut Vec<RawName<'a>>,
+) -> Result<MappingHead<'a>, CodecError> {
+    const RECORD: &str = "mapping";
+    let body = open(bytes)?;
+    let mut head = MappingHead {
+        mapping_id: 0,
+        table_id: 0,
+        map_type: None,
+    };
+    let mut fields = Fields {
+        bytes: body,
+        record: RECORD,
+    };
+    while let Some((field, wire)) = fields.next_field()? {
+        match (field, wire) {
+            (1, wire) => head.mapping_id = as_int(RECORD, field, wire)?,
+            (2, wire) => head.table_id = as_int(RECORD, field, wire)?,
+            (3, wire) => head.map_type = Some(as_str(RECORD, field, wire)?),
+            (4, Wire::Bytes(message)) => names.push(read_raw_name(message)?),
+            (4, _) => return Err(wrong_type(RECORD, field)),
+            _ => {}
+        }
+    }
+    Ok(head)
+}
+
+#[inline]
+fn read_raw_name(message: &[u8]) -> Result<RawName<'_>, CodecError> {
+    const RECORD: &str = "mapping";
+    let mut name = RawName {
+        column_id: 0,
+        source_name: &[],
+        target_field_id: 0,
+        parent_column: None,
+        is_partition: false,
+    };
+    let mut fields = Fields {
+        bytes: message,
+        record: RECORD,
+    };
+    while let Some((field, wire)) = fields.next_field()? {
+        match (field, wire) {
+            (1, Wire::Varint(v)) => name.column_id = v.cast_signed(),
+            (2, Wire::Bytes(v)) => name.source_name = v,
+            (3, Wire::Varint(v)) => name.target_field_id = v.cast_signed(),
+            (4, Wire::Varint(v)) => name.parent_column = Some(v.cast_signed()),
+            (5, Wire::Varint(v)) => name.is_partition = v != 0,
+            (1..=5, _) => return Err(wrong_type(RECORD, field)),
             _ => {}
         }
     }

@@ -14,8 +14,8 @@ use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
 use super::pushdown::IdSet;
 use crate::batch::{ColumnBuilder, mapping_load_schema, table_schema};
-use crate::catalog::{check_data_file, check_mapping};
-use crate::codec::{Keyspace, MappingHead, NameRef};
+use crate::catalog::{check_data_file, check_mapping, check_mapping_raw};
+use crate::codec::{Keyspace, MappingHead, RawName};
 use crate::error::Result;
 use crate::kv::Page;
 use crate::model::{CatalogTable, Cell, mapping_load_columns};
@@ -71,10 +71,20 @@ impl Keep {
     }
 }
 
+/// Columns of `ducklake_name_mapping`, and of the mapping load after its first three.
+const NAME_MAPPING_ID: usize = 0;
+const NAME_COLUMN_ID: usize = 1;
+const NAME_SOURCE_NAME: usize = 2;
+const NAME_TARGET_FIELD_ID: usize = 3;
+const NAME_PARENT_COLUMN: usize = 4;
+const NAME_IS_PARTITION: usize = 5;
+/// Columns of the mapping load that come from the mapping rather than its name rows.
+const LOAD_HEAD_COLUMNS: usize = 3;
+
 /// The builders of the projected columns and the rows they hold.
 #[derive(Debug)]
 struct Out {
-    /// Index into the shape's columns of each output column.
+    /// Per output column, the shape's column it holds.
     projection: Vec<usize>,
     builders: Vec<ColumnBuilder>,
     rows: usize,
@@ -85,15 +95,63 @@ impl Out {
     #[inline]
     fn row<'a>(&mut self, cell: impl Fn(usize) -> Cell<'a>) {
         for (builder, &i) in self.builders.iter_mut().zip(&self.projection) {
-            match cell(i) {
-                Cell::BigInt(v) => builder.int(Some(v)),
-                Cell::Varchar(v) => builder.text(Some(v)),
-                Cell::Boolean(v) => builder.boolean(Some(v)),
-                Cell::Null => builder.cell(Cell::Null),
-            }
+            builder.cell(cell(i));
         }
         self.rows += 1;
     }
+
+    /// Appends one row per name of `names`, every one of mapping `head`: the columns of
+    /// `ducklake_name_mapping`, or of the mapping load when `load`. Column by column, so each
+    /// column's values go to its builder in one tight loop.
+    fn names(&mut self, head: &MappingHead<'_>, names: &[RawName<'_>], load: bool) {
+        let n = names.len();
+        for (builder, &column) in self.builders.iter_mut().zip(&self.projection) {
+            let column = if load {
+                match column {
+                    0 => {
+                        builder.int_n(head.mapping_id, n);
+                        continue;
+                    }
+                    1 => {
+                        builder.int_n(head.table_id, n);
+                        continue;
+                    }
+                    2 => {
+                        for _ in 0..n {
+                            builder.text(head.map_type.map(str::as_bytes));
+                        }
+                        continue;
+                    }
+                    // The name row's columns, `column_id` first, as in the name table.
+                    other => other + 1 - LOAD_HEAD_COLUMNS,
+                }
+            } else {
+                column
+            };
+            match column {
+                NAME_MAPPING_ID => builder.int_n(head.mapping_id, n),
+                NAME_COLUMN_ID => names.iter().for_each(|m| builder.int(Some(m.column_id))),
+                NAME_SOURCE_NAME => names.iter().for_each(|m| builder.text(Some(m.source_name))),
+                NAME_TARGET_FIELD_ID => names
+                    .iter()
+                    .for_each(|m| builder.int(Some(m.target_field_id))),
+                NAME_PARENT_COLUMN => names.iter().for_each(|m| builder.int(m.parent_column)),
+                NAME_IS_PARTITION => names
+                    .iter()
+                    .for_each(|m| builder.boolean(Some(m.is_partition))),
+                _ => {}
+            }
+        }
+        self.rows += n;
+    }
+}
+
+/// A run of records to build from: a page and the stretch of it not used yet.
+#[derive(Debug, Default)]
+struct Segment {
+    page: Page,
+    at: usize,
+    end: usize,
 }
 
 /// Builds record batches of one shape, with only the projected columns, from pages of
@@ -104,11 +162,11 @@ pub struct RecordBuilder {
     shape: Shape,
     schema: SchemaRef,
     out: Out,
-    /// The records being built from, and the next one.
-    input: Page,
-    at: usize,
-    /// The mapping load's last group of `mapping_id` of the previous page, which may go on
-    /// in the next.
+    /// The records being built from, in order: a mapping load group carried over from the
+    /// previous page first, then the current page.
+    segments: [Segment; 2],
+    /// The mapping load's last group of one `mapping_id` of the current page, which may go
+    /// on in the next page.
     carry: Page,
 }
 
@@ -146,8 +204,7 @@ impl RecordBuilder {
                 builders,
                 rows: 0,
             },
-            input: Page::default(),
-            at: 0,
+            segments: [Segment::default(), Segment::default()],
             carry: Page::default(),
         })
     }
@@ -167,44 +224,69 @@ impl RecordBuilder {
     /// Whether every record of the current page has been used.
     #[must_use]
     pub fn page_done(&self) -> bool {
-        self.at >= self.input.len()
+        self.segments.iter().all(|s| s.at >= s.end)
     }
 
     /// Takes the next page of records (of this shape's kind) to build from; `last` says it
     /// ends the scan. The previous page must be used up.
     pub fn set_page(&mut self, page: Page, last: bool) {
-        let mut input = if self.carry.is_empty() {
-            page
-        } else {
-            let mut joined = std::mem::take(&mut self.carry);
-            for (key, value) in page.iter() {
-                joined.push(key, value);
-            }
-            joined
+        let id_of = |value: &[u8]| {
+            crate::codec::read_mapping(value)
+                .ok()
+                .map(|record| record.head().mapping_id)
         };
+        // A group carried over from the last page, with the page's records of the same id.
+        let mut prefix = std::mem::take(&mut self.carry);
+        let mut lead = 0;
+        if let Some((_, value)) = prefix.get(0) {
+            let carried = id_of(value);
+            for (key, value) in page.iter() {
+                if id_of(value) != carried {
+                    break;
+                }
+                prefix.push(key, value);
+                lead += 1;
+            }
+        }
+        let mut end = page.len();
         if self.shape == Shape::MappingLoad && !last {
             // The last group of one `mapping_id` may go on in the next page: keep it for then.
-            let id_of = |value: &[u8]| {
-                crate::codec::read_mapping(value)
-                    .ok()
-                    .map(|record| record.head().mapping_id)
-            };
-            let last_id = input.iter().next_back().and_then(|(_, value)| id_of(value));
+            let last_id = page.iter().next_back().and_then(|(_, value)| id_of(value));
             if let Some(last_id) = last_id {
-                let tail = input
+                let tail = page
                     .iter()
+                    .skip(lead)
                     .rev()
                     .take_while(|(_, value)| id_of(value) == Some(last_id))
                     .count();
-                let split = input.len() - tail;
-                for (key, value) in input.iter().skip(split) {
-                    self.carry.push(key, value);
+                end -= tail;
+                if lead == 0 || end > lead {
+                    for (key, value) in page.iter().skip(end) {
+                        self.carry.push(key, value);
+                    }
+                } else {
+                    // The whole page continues the carried group: carry it all on.
+                    for (key, value) in prefix.iter() {
+                        self.carry.push(key, value);
+                    }
+                    prefix = Page::default();
+                    end = lead;
                 }
-                input.truncate(split);
             }
         }
-        self.input = input;
-        self.at = 0;
+        let prefix_len = prefix.len();
+        self.segments = [
+            Segment {
+                page: prefix,
+                at: 0,
+                end: prefix_len,
+            },
+            Segment {
+                page,
+                at: lead,
+                end: end.max(lead),
+            },
+        ];
     }
 
     /// Appends the rows of the current page's records, checked against their keys, until the
@@ -218,43 +300,49 @@ impl RecordBuilder {
         let Self {
             shape,
             out,
-            input,
-            at,
+            segments,
             ..
         } = self;
-        while out.rows < limit {
-            let Some((key, value)) = input.get(*at) else {
-                break;
-            };
-            match *shape {
-                Shape::Table(CatalogTable::DataFile) => {
-                    let record = check_data_file(keyspace, key, value)?;
-                    if keep.id(record.data_file_id()) && keep.table(record.table_id()) {
-                        out.row(|i| record.cell(i));
-                    }
-                }
-                Shape::Table(CatalogTable::ColumnMapping) => {
-                    let head = check_mapping(keyspace, key, value)?.head();
-                    if keep.id(head.mapping_id) && keep.table(head.table_id) {
-                        out.row(|i| head_cell(&head, i));
-                    }
-                }
-                Shape::Table(CatalogTable::NameMapping) => {
-                    let record = check_mapping(keyspace, key, value)?;
-                    let head = record.head();
-                    if keep.id(head.mapping_id) && keep.table(head.table_id) {
-                        for name in record.names() {
-                            let name = name?;
-                            out.row(|i| name_table_cell(&head, &name, i));
+        for segment in segments.iter_mut() {
+            let mut names: Vec<RawName<'_>> = Vec::new();
+            while out.rows < limit && segment.at < segment.end {
+                let Some((key, value)) = segment.page.get(segment.at) else {
+                    break;
+                };
+                match *shape {
+                    Shape::Table(CatalogTable::DataFile) => {
+                        let record = check_data_file(keyspace, key, value)?;
+                        if keep.id(record.data_file_id()) && keep.table(record.table_id()) {
+                            out.row(|i| record.cell(i));
                         }
                     }
+                    Shape::Table(CatalogTable::ColumnMapping) => {
+                        let head = check_mapping(keyspace, key, value)?.head();
+                        if keep.id(head.mapping_id) && keep.table(head.table_id) {
+                            out.row(|i| head_cell(&head, i));
+                        }
+                    }
+                    Shape::Table(CatalogTable::NameMapping) => {
+                        names.clear();
+                        let head = check_mapping_raw(keyspace, key, value, &mut names)?;
+                        if keep.id(head.mapping_id) && keep.table(head.table_id) {
+                            out.names(&head, &names, false);
+                        }
+                    }
+                    Shape::MappingLoad => {
+                        segment.at += append_load_group(
+                            out,
+                            keyspace,
+                            &segment.page,
+                            segment.at,
+                            segment.end,
+                            keep,
+                        )?;
+                        continue;
+                    }
                 }
-                Shape::MappingLoad => {
-                    *at += append_load_group(out, keyspace, input, *at, keep)?;
-                    continue;
-                }
+                segment.at += 1;
             }
-            *at += 1;
         }
         Ok(())
     }
@@ -262,14 +350,15 @@ impl RecordBuilder {
     /// The rows appended so far as one batch; the builder starts over empty.
     ///
     /// # Errors
-    /// Only on an internal inconsistency of the builders.
+    /// When a name is not UTF-8 (a stored value written wrong), or on an internal
+    /// inconsistency of the builders.
     pub fn finish(&mut self) -> Result<RecordBatch, ArrowError> {
-        let arrays: Vec<ArrayRef> = self
+        let arrays = self
             .out
             .builders
             .iter_mut()
             .map(ColumnBuilder::finish)
-            .collect();
+            .collect::<Result<Vec<ArrayRef>, _>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(self.out.rows));
         self.out.rows = 0;
         RecordBatch::try_new_with_options(self.schema(), arrays, &options)
@@ -277,33 +366,36 @@ impl RecordBuilder {
 }
 
 /// Appends the mapping load's rows of the group of records of one `mapping_id` that starts
-/// at record `at` of `records` (one record, unless two tables use the same id); returns how
-/// many records the group holds. As in a SQL catalog, whose name rows carry no `table_id`,
-/// every kept record of the group joins every name row of the group, kept or not; the rows
-/// leave parents first (`parent_column NULLS FIRST`), then by `column_id`.
+/// at record `at` of `records` (one record, unless two tables use the same id; the group
+/// ends by `end`); returns how many records the group holds. As in a SQL catalog, whose name
+/// rows carry no `table_id`, every kept record of the group joins every name row of the
+/// group, kept or not; the rows leave parents first (`parent_column NULLS FIRST`), then by
+/// `column_id`.
 fn append_load_group(
     out: &mut Out,
     keyspace: &Keyspace,
     records: &Page,
     at: usize,
+    end: usize,
     keep: &Keep,
 ) -> Result<usize> {
     let mut heads: Vec<MappingHead<'_>> = Vec::with_capacity(1);
-    let mut names: Vec<NameRef<'_>> = Vec::with_capacity(32);
+    let mut names: Vec<RawName<'_>> = Vec::with_capacity(32);
     let mut id = None;
     let mut taken = 0;
-    while let Some((key, value)) = records.get(at + taken) {
-        let record = check_mapping(keyspace, key, value)?;
-        let head = record.head();
+    while at + taken < end {
+        let Some((key, value)) = records.get(at + taken) else {
+            break;
+        };
+        let before = names.len();
+        let head = check_mapping_raw(keyspace, key, value, &mut names)?;
         if id.is_some_and(|id| id != head.mapping_id) {
+            names.truncate(before);
             break;
         }
         id = Some(head.mapping_id);
         if keep.table(head.table_id) {
             heads.push(head);
-        }
-        for name in record.names() {
-            names.push(name?);
         }
         taken += 1;
     }
@@ -313,9 +405,15 @@ fn append_load_group(
         }) {
             names.sort_by_key(|name| (name.parent_column, name.column_id));
         }
-        for name in &names {
-            for head in &heads {
-                out.row(|i| load_cell(head, name, i));
+        match heads.as_slice() {
+            [] => {}
+            [head] => out.names(head, &names, true),
+            _ => {
+                for name in &names {
+                    for head in &heads {
+                        out.row(|i| load_cell(head, name, i));
+                    }
+                }
             }
         }
     }
@@ -331,29 +429,15 @@ fn head_cell<'a>(head: &MappingHead<'a>, i: usize) -> Cell<'a> {
     }
 }
 
-/// Column `i` of a name row without its `mapping_id`: `column_id` first.
-fn name_cell<'a>(name: &NameRef<'a>, i: usize) -> Cell<'a> {
+/// Column `i` of the mapping load for one row of a group of several records (two tables
+/// sharing an id): the mapping's three columns, then the name row's.
+fn load_cell<'a>(head: &MappingHead<'a>, name: &RawName<'a>, i: usize) -> Cell<'a> {
     match i {
-        0 => Cell::BigInt(name.column_id),
-        1 => Cell::Varchar(name.source_name),
-        2 => Cell::BigInt(name.target_field_id),
-        3 => name.parent_column.map_or(Cell::Null, Cell::BigInt),
+        0..LOAD_HEAD_COLUMNS => head_cell(head, i),
+        3 => Cell::BigInt(name.column_id),
+        4 => std::str::from_utf8(name.source_name).map_or(Cell::Null, Cell::Varchar),
+        5 => Cell::BigInt(name.target_field_id),
+        6 => name.parent_column.map_or(Cell::Null, Cell::BigInt),
         _ => Cell::Boolean(name.is_partition),
-    }
-}
-
-/// Column `i` of `ducklake_name_mapping`.
-fn name_table_cell<'a>(head: &MappingHead<'a>, name: &NameRef<'a>, i: usize) -> Cell<'a> {
-    match i.checked_sub(1) {
-        None => Cell::BigInt(head.mapping_id),
-        Some(i) => name_cell(name, i),
-    }
-}
-
-/// Column `i` of the mapping load: the mapping's three columns, then the name row's.
-fn load_cell<'a>(head: &MappingHead<'a>, name: &NameRef<'a>, i: usize) -> Cell<'a> {
-    match i.checked_sub(3) {
-        None => head_cell(head, i),
-        Some(i) => name_cell(name, i),
     }
 }

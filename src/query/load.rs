@@ -31,7 +31,6 @@ use super::provider::table_ranges;
 use super::pushdown::{IdSet, KeyConstraints, constraint};
 use super::scan::{Access, CatalogScanExec};
 use crate::batch::mapping_load_schema;
-use crate::catalog::CatalogSnapshot;
 use crate::codec::Kind;
 use crate::model::CatalogTable;
 
@@ -41,19 +40,10 @@ pub const MAPPING_LOAD_TABLE: &str = "__moraine_mapping_load";
 /// Most tables a table-scoped load merges; a larger set reads the id index instead.
 const MAX_MERGED_TABLES: usize = 64;
 
-/// The joined table over one snapshot.
+/// The joined table. One provider serves every query; each scan reads the snapshot its
+/// query carries.
 #[derive(Debug)]
-pub struct MappingLoadProvider {
-    snapshot: CatalogSnapshot,
-}
-
-impl MappingLoadProvider {
-    /// The join as of `snapshot`.
-    #[must_use]
-    pub fn new(snapshot: CatalogSnapshot) -> Self {
-        Self { snapshot }
-    }
-}
+pub struct MappingLoadProvider;
 
 #[async_trait]
 impl TableProvider for MappingLoadProvider {
@@ -83,11 +73,12 @@ impl TableProvider for MappingLoadProvider {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        let snapshot = super::snapshot_of(state)?;
         let constraints = KeyConstraints::of(CatalogTable::ColumnMapping, filters);
         let rows = constraints.rows;
         let keep = Keep {
@@ -101,19 +92,14 @@ impl TableProvider for MappingLoadProvider {
             },
             Some(tables) => match tables.enumerate(MAX_MERGED_TABLES) {
                 Some(list) if list.len() <= 1 => Access::Ranges {
-                    ranges: table_ranges(&self.snapshot, Kind::Mapping, &tables, rows.as_ref()),
+                    ranges: table_ranges(&snapshot, Kind::Mapping, &tables, rows.as_ref()),
                     tables: Some(tables),
                 },
                 Some(list) => Access::Merge {
                     ranges: list
                         .iter()
                         .flat_map(|&t| {
-                            table_ranges(
-                                &self.snapshot,
-                                Kind::Mapping,
-                                &IdSet::single(t),
-                                rows.as_ref(),
-                            )
+                            table_ranges(&snapshot, Kind::Mapping, &IdSet::single(t), rows.as_ref())
                         })
                         .collect(),
                     tables: list,
@@ -131,7 +117,7 @@ impl TableProvider for MappingLoadProvider {
         };
         Ok(Arc::new(CatalogScanExec::try_new(
             Shape::MappingLoad,
-            self.snapshot.clone(),
+            snapshot,
             access,
             keep,
             projection.cloned(),

@@ -17,16 +17,19 @@ pub mod rewrite;
 pub mod scan;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{MemoryCatalogProvider, MemoryCatalogProviderList, MemorySchemaProvider};
 use datafusion::common::ScalarValue;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::TaskContext;
 use datafusion::execution::context::SQLOptions;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
-use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionConfig;
 
 use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::error::{Error, QueryErrorKind, Result};
@@ -43,7 +46,10 @@ pub const SCHEMA_NAME: &str = "main";
 pub struct QueryEngine {
     catalog: Catalog,
     base: SessionState,
+    /// What every execution runs with: the base state's configuration and functions.
+    task: Arc<TaskContext>,
     fast: FastPaths,
+    plans: Arc<Mutex<PlanCache>>,
 }
 
 /// The engine's fast paths, each of which must return exactly the rows of the plain plan: the
@@ -92,6 +98,72 @@ pub struct QueryShape {
     pub parameters: SchemaRef,
 }
 
+/// How many planned statements the engine keeps.
+const PLAN_CACHE: usize = 256;
+
+/// A statement planned once and kept: its logical plan (bound to no snapshot: the scans read
+/// the snapshot of the execution that plans them), optimized too when it takes no
+/// parameters (with parameters, it is optimized once they are bound, so that their values
+/// reach the scans as key ranges), its parameters, and, when it takes none, the schema of
+/// its results.
+#[derive(Debug)]
+struct Planned {
+    plan: LogicalPlan,
+    optimized: Option<LogicalPlan>,
+    parameters: SchemaRef,
+    schema: Option<SchemaRef>,
+}
+
+tokio::task_local! {
+    /// The snapshot the scans being planned read. The table providers are shared by every
+    /// query; physical planning runs inside this scope, so that no session state is built
+    /// per query.
+    static PLANNING_SNAPSHOT: CatalogSnapshot;
+}
+
+/// The snapshot of the query whose scans are being planned.
+pub(crate) fn snapshot_of(
+    _state: &dyn datafusion::catalog::Session,
+) -> datafusion::error::Result<CatalogSnapshot> {
+    PLANNING_SNAPSHOT
+        .try_with(CatalogSnapshot::clone)
+        .map_err(|_| {
+            DataFusionError::Internal("a catalog scan planned outside a query's snapshot".into())
+        })
+}
+
+/// Planned statements by SQL text, least recently used first out.
+#[derive(Debug, Default)]
+struct PlanCache {
+    entries: HashMap<String, (Arc<Planned>, u64)>,
+    clock: u64,
+}
+
+impl PlanCache {
+    fn get(&mut self, sql: &str) -> Option<Arc<Planned>> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries.get_mut(sql).map(|(planned, used)| {
+            *used = clock;
+            Arc::clone(planned)
+        })
+    }
+
+    fn insert(&mut self, sql: &str, planned: Arc<Planned>) {
+        if self.entries.len() >= PLAN_CACHE
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(sql, _)| sql.clone())
+        {
+            self.entries.remove(&oldest);
+        }
+        self.clock += 1;
+        self.entries.insert(sql.to_owned(), (planned, self.clock));
+    }
+}
+
 impl QueryEngine {
     /// An engine over `catalog`.
     #[must_use]
@@ -100,20 +172,52 @@ impl QueryEngine {
     }
 
     /// An engine over `catalog` with only the fast paths `fast` on.
+    ///
+    /// # Panics
+    /// Never: the catalog's tables register under fixed, distinct names.
     #[must_use]
     pub fn with_fast_paths(catalog: Catalog, fast: FastPaths) -> Self {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
             .with_create_default_catalog_and_schema(false)
             .with_information_schema(false);
+        let schema = MemorySchemaProvider::new();
+        for table in CatalogTable::ALL {
+            let provider = Arc::new(CatalogTableProvider::new(table, fast));
+            let _ = datafusion::catalog::SchemaProvider::register_table(
+                &schema,
+                table.name().to_owned(),
+                provider,
+            );
+        }
+        let _ = datafusion::catalog::SchemaProvider::register_table(
+            &schema,
+            load::MAPPING_LOAD_TABLE.to_owned(),
+            Arc::new(load::MappingLoadProvider),
+        );
+        let tables = MemoryCatalogProvider::new();
+        let _ = datafusion::catalog::CatalogProvider::register_schema(
+            &tables,
+            SCHEMA_NAME,
+            Arc::new(schema),
+        );
+        let catalogs = MemoryCatalogProviderList::new();
+        datafusion::catalog::CatalogProviderList::register_catalog(
+            &catalogs,
+            CATALOG_NAME.to_owned(),
+            Arc::new(tables),
+        );
         let base = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
+            .with_catalog_list(Arc::new(catalogs))
             .build();
         Self {
             catalog,
+            task: base.task_ctx(),
             base,
             fast,
+            plans: Arc::new(Mutex::new(PlanCache::default())),
         }
     }
 
@@ -123,59 +227,43 @@ impl QueryEngine {
         &self.catalog
     }
 
-    /// A session whose catalog tables read `snapshot`.
-    fn session(&self, snapshot: &CatalogSnapshot) -> Result<SessionContext> {
-        let schema = MemorySchemaProvider::new();
-        for table in CatalogTable::ALL {
-            let provider = Arc::new(CatalogTableProvider::new(
-                table,
-                snapshot.clone(),
-                self.fast,
-            ));
-            datafusion::catalog::SchemaProvider::register_table(
-                &schema,
-                table.name().to_owned(),
-                provider,
-            )
-            .map_err(from_datafusion)?;
-        }
-        datafusion::catalog::SchemaProvider::register_table(
-            &schema,
-            load::MAPPING_LOAD_TABLE.to_owned(),
-            Arc::new(load::MappingLoadProvider::new(snapshot.clone())),
-        )
-        .map_err(from_datafusion)?;
-        let catalog = MemoryCatalogProvider::new();
-        datafusion::catalog::CatalogProvider::register_schema(
-            &catalog,
-            SCHEMA_NAME,
-            Arc::new(schema),
-        )
-        .map_err(from_datafusion)?;
-        let catalogs = MemoryCatalogProviderList::new();
-        datafusion::catalog::CatalogProviderList::register_catalog(
-            &catalogs,
-            CATALOG_NAME.to_owned(),
-            Arc::new(catalog),
-        );
-        let state = SessionStateBuilder::new_from_existing(self.base.clone())
-            .with_catalog_list(Arc::new(catalogs))
-            .build();
-        Ok(SessionContext::new_with_state(state))
-    }
-
-    async fn dataframe(
+    /// Plans the scans of `plan` against `snapshot`; `optimized` says whether `plan` is
+    /// optimized already.
+    async fn plan_physical(
         &self,
         snapshot: &CatalogSnapshot,
-        sql: &str,
-        params: Vec<ScalarValue>,
-    ) -> Result<DataFrame> {
-        let ctx = self.session(snapshot)?;
-        let options = SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false);
-        let state = ctx.state();
+        plan: &LogicalPlan,
+        optimized: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let planning = async {
+            if optimized {
+                self.base
+                    .query_planner()
+                    .create_physical_plan(plan, &self.base)
+                    .await
+            } else {
+                self.base.create_physical_plan(plan).await
+            }
+        };
+        PLANNING_SNAPSHOT
+            .scope(snapshot.clone(), planning)
+            .await
+            .map_err(from_datafusion)
+    }
+
+    /// `sql` planned, from the cache when it was planned before. The plan reads no snapshot
+    /// yet; planning reads none either, but the result schema is computed against `snapshot`
+    /// (the scans are built, never run).
+    async fn planned(&self, sql: &str, snapshot: &CatalogSnapshot) -> Result<Arc<Planned>> {
+        if let Some(planned) = self
+            .plans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+        {
+            return Ok(planned);
+        }
+        let state = &self.base;
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state
             .sql_to_statement(sql, &dialect)
@@ -193,16 +281,50 @@ impl QueryEngine {
             .statement_to_plan(statement)
             .await
             .map_err(from_datafusion)?;
-        options.verify_plan(&plan).map_err(from_datafusion)?;
-        let frame = ctx
-            .execute_logical_plan(plan)
-            .await
+        SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false)
+            .verify_plan(&plan)
             .map_err(from_datafusion)?;
-        if params.is_empty() {
-            Ok(frame)
+        let types = plan.get_parameter_types().map_err(from_datafusion)?;
+        let (optimized, schema) = if types.is_empty() {
+            let optimized = state.optimize(&plan).map_err(from_datafusion)?;
+            let physical = self.plan_physical(snapshot, &optimized, true).await?;
+            (Some(optimized), Some(physical.schema()))
         } else {
-            frame.with_param_values(params).map_err(from_datafusion)
+            (None, None)
+        };
+        let planned = Arc::new(Planned {
+            parameters: parameter_schema(&types),
+            optimized,
+            schema,
+            plan,
+        });
+        self.plans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sql, Arc::clone(&planned));
+        Ok(planned)
+    }
+
+    /// The physical plan of `sql` with `params` bound, reading `snapshot`.
+    async fn physical(
+        &self,
+        snapshot: &CatalogSnapshot,
+        sql: &str,
+        params: Vec<ScalarValue>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let planned = self.planned(sql, snapshot).await?;
+        if let (Some(optimized), true) = (&planned.optimized, params.is_empty()) {
+            return self.plan_physical(snapshot, optimized, true).await;
         }
+        let bound = planned
+            .plan
+            .clone()
+            .with_param_values(params)
+            .map_err(from_datafusion)?;
+        self.plan_physical(snapshot, &bound, false).await
     }
 
     /// Plans `sql` without running it: the result schema and the parameters.
@@ -211,22 +333,15 @@ impl QueryEngine {
     /// [`Error::Query`] for SQL that does not parse or plan, or is not read-only.
     pub async fn shape(&self, sql: &str) -> Result<QueryShape> {
         let snapshot = self.catalog.snapshot().await?;
-        let frame = self.dataframe(&snapshot, sql, Vec::new()).await?;
-        let types = frame
-            .logical_plan()
-            .get_parameter_types()
-            .map_err(from_datafusion)?;
-        let parameters = parameter_schema(&types);
-        let schema = if types.is_empty() {
-            frame
-                .create_physical_plan()
-                .await
-                .map_err(from_datafusion)?
-                .schema()
-        } else {
-            Arc::new(frame.schema().as_arrow().clone())
+        let planned = self.planned(sql, &snapshot).await?;
+        let schema = match &planned.schema {
+            Some(schema) => Arc::clone(schema),
+            None => Arc::new(planned.plan.schema().as_arrow().clone()),
         };
-        Ok(QueryShape { schema, parameters })
+        Ok(QueryShape {
+            schema,
+            parameters: Arc::clone(&planned.parameters),
+        })
     }
 
     /// The schema the stream of `sql` with `params` will have.
@@ -248,12 +363,12 @@ impl QueryEngine {
         sql: &str,
         params: Vec<ScalarValue>,
     ) -> Result<SchemaRef> {
-        let frame = self.dataframe(snapshot, sql, params).await?;
-        Ok(frame
-            .create_physical_plan()
-            .await
-            .map_err(from_datafusion)?
-            .schema())
+        if params.is_empty()
+            && let Some(schema) = &self.planned(sql, snapshot).await?.schema
+        {
+            return Ok(Arc::clone(schema));
+        }
+        Ok(self.physical(snapshot, sql, params).await?.schema())
     }
 
     /// Runs `sql` with positional `params` over a fresh snapshot and streams the result.
@@ -280,8 +395,9 @@ impl QueryEngine {
         sql: &str,
         params: Vec<ScalarValue>,
     ) -> Result<SendableRecordBatchStream> {
-        let frame = self.dataframe(snapshot, sql, params).await?;
-        frame.execute_stream().await.map_err(from_datafusion)
+        let physical = self.physical(snapshot, sql, params).await?;
+        datafusion::physical_plan::execute_stream(physical, Arc::clone(&self.task))
+            .map_err(from_datafusion)
     }
 
     /// Streams one catalog table, optionally only the rows of one DuckLake table.

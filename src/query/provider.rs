@@ -20,22 +20,18 @@ use crate::codec::Kind;
 use crate::model::{CatalogTable, TableId};
 
 /// A catalog table as DataFusion sees it: DuckLake's schema, key filters pushed into the scan.
+/// One provider serves every query; each scan reads the snapshot its query carries.
 #[derive(Debug)]
 pub struct CatalogTableProvider {
     table: CatalogTable,
-    snapshot: CatalogSnapshot,
     fast: FastPaths,
 }
 
 impl CatalogTableProvider {
-    /// `table` as of `snapshot`, with the fast paths `fast`.
+    /// `table`, with the fast paths `fast`.
     #[must_use]
-    pub fn new(table: CatalogTable, snapshot: CatalogSnapshot, fast: FastPaths) -> Self {
-        Self {
-            table,
-            snapshot,
-            fast,
-        }
+    pub fn new(table: CatalogTable, fast: FastPaths) -> Self {
+        Self { table, fast }
     }
 }
 
@@ -94,6 +90,7 @@ impl TableProvider for CatalogTableProvider {
             CatalogTable::ColumnMapping | CatalogTable::NameMapping => Kind::Mapping,
             CatalogTable::DataFile => Kind::DataFile,
         };
+        let snapshot = super::snapshot_of(state)?;
         let constraints = if self.fast.key_ranges {
             KeyConstraints::of(self.table, filters)
         } else {
@@ -102,7 +99,7 @@ impl TableProvider for CatalogTableProvider {
         let (access, keep) = match (constraints.tables, constraints.rows) {
             (Some(tables), rows) => (
                 Access::Ranges {
-                    ranges: table_ranges(&self.snapshot, kind, &tables, rows.as_ref()),
+                    ranges: table_ranges(&snapshot, kind, &tables, rows.as_ref()),
                     tables: Some(tables),
                 },
                 Keep {
@@ -113,7 +110,7 @@ impl TableProvider for CatalogTableProvider {
             (None, Some(ids)) => (Access::IdOrder { ids, tables: None }, Keep::default()),
             (None, None) => (
                 Access::Ranges {
-                    ranges: vec![self.snapshot.keyspace().kind_range(kind)],
+                    ranges: vec![snapshot.keyspace().kind_range(kind)],
                     tables: None,
                 },
                 Keep::default(),
@@ -121,7 +118,7 @@ impl TableProvider for CatalogTableProvider {
         };
         Ok(Arc::new(CatalogScanExec::try_new(
             Shape::Table(self.table),
-            self.snapshot.clone(),
+            snapshot,
             access,
             keep,
             projection.cloned(),
