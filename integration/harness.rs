@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use moraine::kv::memory::MemoryBackend;
 use moraine::kv::redb::RedbBackend;
 use moraine::kv::{
-    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, PreparedWrite, Store,
+    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites, Store,
     StoreLimits,
 };
 use tempfile::TempDir;
@@ -91,7 +91,7 @@ impl KvBackend for Counting {
         }))
     }
 
-    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         self.inner.commit(writes).await
     }
 }
@@ -198,7 +198,7 @@ pub mod tikv {
     use moraine::kv::tikv::{TikvBackend, TikvOptions};
     use moraine::kv::{
         CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
-        PreparedWrite,
+        StagedWrites,
     };
 
     use crate::fake_tikv::{ClusterConfig, FakeCluster};
@@ -302,15 +302,9 @@ pub mod tikv {
             }))
         }
 
-        async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+        async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
             let p = &self.prefix;
-            let writes = writes
-                .into_iter()
-                .map(|w| PreparedWrite {
-                    key: with_prefix(p, &w.key).into(),
-                    ..w
-                })
-                .collect();
+            let writes = Arc::new(writes.map_keys(|key| with_prefix(p, key).into()));
             Ok(match self.inner.commit(writes).await? {
                 CommitOutcome::Conflict(Conflict::AlreadyExists { key }) => {
                     CommitOutcome::Conflict(Conflict::AlreadyExists { key: strip(p, key) })

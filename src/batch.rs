@@ -254,11 +254,20 @@ pub fn batch_of<'a>(
     )
 }
 
-/// Typed, borrowed access to the columns of a canonical batch.
+/// One column of a canonical batch, typed.
 #[derive(Debug, Clone, Copy)]
+enum Typed<'a> {
+    BigInt(&'a Int64Array),
+    Varchar(&'a StringArray),
+    Boolean(&'a BooleanArray),
+}
+
+/// Typed, borrowed access to the columns of a canonical batch: each column is downcast once,
+/// when the batch is taken, not once per value.
+#[derive(Debug, Clone)]
 pub struct Columns<'a> {
-    batch: &'a RecordBatch,
-    columns: &'a [Column],
+    rows: usize,
+    columns: Vec<Typed<'a>>,
 }
 
 impl<'a> Columns<'a> {
@@ -267,86 +276,85 @@ impl<'a> Columns<'a> {
     /// # Errors
     /// When it is not.
     pub fn new(batch: &'a RecordBatch, columns: &'a [Column]) -> Result<Self, ArrowError> {
-        let canonical = batch.num_columns() == columns.len()
-            && batch
-                .columns()
-                .iter()
-                .zip(columns)
-                .all(|(array, column)| *array.data_type() == arrow_type(column.ty));
-        if !canonical {
-            return Err(ArrowError::SchemaError(format!(
+        let not_canonical = || {
+            ArrowError::SchemaError(format!(
                 "a batch of {:?} is not in the canonical form of {:?}",
                 batch.schema(),
                 columns.iter().map(|c| c.name).collect::<Vec<_>>()
-            )));
+            ))
+        };
+        if batch.num_columns() != columns.len() {
+            return Err(not_canonical());
         }
-        Ok(Self { batch, columns })
+        let typed = batch
+            .columns()
+            .iter()
+            .zip(columns)
+            .map(|(array, column)| {
+                Some(match column.ty {
+                    SqlType::BigInt => Typed::BigInt(array.as_primitive_opt::<Int64Type>()?),
+                    SqlType::Varchar => Typed::Varchar(array.as_string_opt::<i32>()?),
+                    SqlType::Boolean => Typed::Boolean(array.as_boolean_opt()?),
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(not_canonical)?;
+        Ok(Self {
+            rows: batch.num_rows(),
+            columns: typed,
+        })
     }
 
     /// Rows in the batch.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.batch.num_rows()
+        self.rows
     }
 
     /// Whether the batch has no rows.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.batch.num_rows() == 0
-    }
-
-    /// The BIGINT column `i`.
-    #[must_use]
-    pub fn ints(&self, i: usize) -> Option<&'a Int64Array> {
-        self.batch.columns().get(i)?.as_primitive_opt::<Int64Type>()
-    }
-
-    /// The VARCHAR column `i`.
-    #[must_use]
-    pub fn texts(&self, i: usize) -> Option<&'a StringArray> {
-        self.batch.columns().get(i)?.as_string_opt::<i32>()
-    }
-
-    /// The BOOLEAN column `i`.
-    #[must_use]
-    pub fn bools(&self, i: usize) -> Option<&'a BooleanArray> {
-        self.batch.columns().get(i)?.as_boolean_opt()
+        self.rows == 0
     }
 
     /// BIGINT column `i` of row `row`.
     #[must_use]
     #[inline]
     pub fn int(&self, i: usize, row: usize) -> Option<i64> {
-        self.ints(i)
-            .filter(|a| a.is_valid(row))
-            .map(|a| a.value(row))
+        match self.columns.get(i)? {
+            Typed::BigInt(a) if row < a.len() && a.is_valid(row) => Some(a.value(row)),
+            _ => None,
+        }
     }
 
     /// VARCHAR column `i` of row `row`.
     #[must_use]
     #[inline]
     pub fn text(&self, i: usize, row: usize) -> Option<&'a str> {
-        self.texts(i)
-            .filter(|a| a.is_valid(row))
-            .map(|a| a.value(row))
+        match self.columns.get(i)? {
+            Typed::Varchar(a) if row < a.len() && a.is_valid(row) => Some(a.value(row)),
+            _ => None,
+        }
     }
 
     /// BOOLEAN column `i` of row `row`.
     #[must_use]
     #[inline]
     pub fn boolean(&self, i: usize, row: usize) -> Option<bool> {
-        self.bools(i)
-            .filter(|a| a.is_valid(row))
-            .map(|a| a.value(row))
+        match self.columns.get(i)? {
+            Typed::Boolean(a) if row < a.len() && a.is_valid(row) => Some(a.value(row)),
+            _ => None,
+        }
     }
 
     /// Column `i` of row `row` as a cell.
     #[must_use]
+    #[inline]
     pub fn cell(&self, i: usize, row: usize) -> Cell<'a> {
-        let value = match self.columns.get(i).map(|c| c.ty) {
-            Some(SqlType::BigInt) => self.int(i, row).map(Cell::BigInt),
-            Some(SqlType::Varchar) => self.text(i, row).map(Cell::Varchar),
-            Some(SqlType::Boolean) => self.boolean(i, row).map(Cell::Boolean),
+        let value = match self.columns.get(i) {
+            Some(Typed::BigInt(_)) => self.int(i, row).map(Cell::BigInt),
+            Some(Typed::Varchar(_)) => self.text(i, row).map(Cell::Varchar),
+            Some(Typed::Boolean(_)) => self.boolean(i, row).map(Cell::Boolean),
             None => None,
         };
         value.unwrap_or(Cell::Null)

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::page::fill_page;
 use super::{
     CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
-    PreparedWrite, Requirement,
+    Requirement, StagedWrites,
 };
 
 type Map = BTreeMap<Bytes, Bytes>;
@@ -37,19 +37,19 @@ impl KvBackend for MemoryBackend {
         }))
     }
 
-    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         let mut guard = self.map.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(conflict) = first_unmet(&writes, |key| guard.contains_key(key)) {
             return Ok(CommitOutcome::Conflict(conflict));
         }
         let map = Arc::make_mut(&mut guard);
-        for write in writes {
-            match write.write {
+        for (key, staged) in writes.iter() {
+            match &staged.write {
                 Some(Some(value)) => {
-                    map.insert(write.key, value);
+                    map.insert(key.clone(), value.clone());
                 }
                 Some(None) => {
-                    map.remove(&write.key);
+                    map.remove(key);
                 }
                 None => {}
             }
@@ -61,17 +61,13 @@ impl KvBackend for MemoryBackend {
 /// The first requirement of `writes` that the store does not meet, as a conflict.
 /// Shared by backends that check requirements themselves.
 pub(crate) fn first_unmet(
-    writes: &[PreparedWrite],
+    writes: &StagedWrites,
     mut present: impl FnMut(&[u8]) -> bool,
 ) -> Option<Conflict> {
-    writes.iter().find_map(|write| match write.requirement {
+    writes.iter().find_map(|(key, staged)| match staged.requirement {
         Requirement::None => None,
-        Requirement::Absent => present(&write.key).then(|| Conflict::AlreadyExists {
-            key: write.key.to_vec(),
-        }),
-        Requirement::Present => (!present(&write.key)).then(|| Conflict::Missing {
-            key: write.key.to_vec(),
-        }),
+        Requirement::Absent => present(key).then(|| Conflict::AlreadyExists { key: key.to_vec() }),
+        Requirement::Present => (!present(key)).then(|| Conflict::Missing { key: key.to_vec() }),
     })
 }
 

@@ -9,7 +9,7 @@
 //!   ([`CommitOutcome`]): committed, conflict (nothing written; may be retried), or unknown.
 //!
 //! Backends ([`memory`], [`redb`](mod@self::redb), [`tikv`](mod@self::tikv)) only see writes
-//! already checked and reduced to one [`PreparedWrite`] per key, in key order.
+//! already checked and reduced to one [`Staged`] write per key, in key order.
 //!
 //! A [`Page`] holds its pairs in one buffer: a scan allocates per page, not per pair.
 
@@ -31,8 +31,8 @@ use futures::stream::{self, BoxStream, StreamExt as _};
 
 pub use crate::key_range::KeyRange;
 pub use page::{KvPair, Page, PageSize};
-pub use staged::{Requirement, Staged, StagedWrites, Undo};
-pub use write_set::{Mutation, PreparedWrite, WriteSet};
+pub use staged::{Prior, Requirement, Staged, StagedWrites, Undo};
+pub use write_set::{Mutation, WriteSet};
 
 use crate::key_range::hex;
 
@@ -226,7 +226,7 @@ pub trait KvBackend: Send + Sync + 'static {
 
     /// Applies `writes` atomically: every requirement holds and every write lands, or nothing
     /// does. `writes` is sorted by key, one entry per key, already checked against the limits.
-    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError>;
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError>;
 }
 
 /// The store: one backend behind the limits and write-set rules every backend shares.
@@ -289,7 +289,7 @@ impl Store {
     /// [`KvError`] when the write set breaks a limit or contradicts itself, or the backend
     /// fails before committing; nothing was written then. Otherwise see [`CommitOutcome`].
     pub async fn commit(&self, writes: WriteSet) -> Result<CommitOutcome, KvError> {
-        self.commit_staged(&writes.into_staged()?).await
+        self.commit_staged(Arc::new(writes.into_staged()?)).await
     }
 
     /// Commits staged writes atomically: each key's requirement holds and its write lands,
@@ -297,12 +297,15 @@ impl Store {
     ///
     /// # Errors
     /// As [`commit`](Self::commit).
-    pub async fn commit_staged(&self, writes: &StagedWrites) -> Result<CommitOutcome, KvError> {
-        let prepared = writes.prepare(&self.limits)?;
-        if prepared.is_empty() {
+    pub async fn commit_staged(
+        &self,
+        writes: Arc<StagedWrites>,
+    ) -> Result<CommitOutcome, KvError> {
+        writes.check(&self.limits)?;
+        if writes.is_empty() {
             return Ok(CommitOutcome::Committed);
         }
-        self.backend.commit(prepared).await
+        self.backend.commit(writes).await
     }
 }
 

@@ -22,9 +22,7 @@ use redb::{
 
 use super::memory::first_unmet;
 use super::page::fill_page;
-use super::{
-    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, PreparedWrite,
-};
+use super::{CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites};
 
 const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("moraine_kv");
 
@@ -124,28 +122,20 @@ impl KvBackend for RedbBackend {
         .await
     }
 
-    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         self.committer.commit(writes).await
     }
 }
 
 /// A commit waiting for the writer thread.
 struct Request {
-    writes: Vec<PreparedWrite>,
+    writes: Arc<StagedWrites>,
     reply: tokio::sync::oneshot::Sender<Result<CommitOutcome, KvError>>,
 }
 
 impl Request {
     fn bytes(&self) -> usize {
-        self.writes
-            .iter()
-            .map(|w| {
-                w.key.len()
-                    + w.write
-                        .as_ref()
-                        .map_or(0, |v| v.as_ref().map_or(0, bytes::Bytes::len))
-            })
-            .sum()
+        self.writes.bytes()
     }
 
     fn answer(self, outcome: Result<CommitOutcome, KvError>) {
@@ -189,7 +179,7 @@ impl Committer {
         })
     }
 
-    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let sent = self
             .queue
@@ -278,7 +268,7 @@ fn commit_group(db: &Database, group: Vec<Request>) {
 /// its writes. `Ok(Some(conflict))` wrote nothing.
 fn apply(
     table: &mut Table<'_, &'static [u8], &'static [u8]>,
-    writes: &[PreparedWrite],
+    writes: &StagedWrites,
 ) -> Result<Option<super::Conflict>, KvError> {
     let mut lookup_error = None;
     let unmet = first_unmet(writes, |key| match table.get(key) {
@@ -294,15 +284,13 @@ fn apply(
     if unmet.is_some() {
         return Ok(unmet);
     }
-    for write in writes {
-        match &write.write {
+    for (key, staged) in writes.iter() {
+        match &staged.write {
             Some(Some(value)) => {
-                table
-                    .insert(write.key.as_ref(), value.as_ref())
-                    .map_err(failed)?;
+                table.insert(key.as_ref(), value.as_ref()).map_err(failed)?;
             }
             Some(None) => {
-                table.remove(write.key.as_ref()).map_err(failed)?;
+                table.remove(key.as_ref()).map_err(failed)?;
             }
             None => {}
         }

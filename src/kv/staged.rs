@@ -9,7 +9,7 @@ use std::ops::Bound;
 
 use bytes::Bytes;
 
-use super::write_set::{Mutation, PreparedWrite};
+use super::write_set::Mutation;
 use super::{KeyRange, KvError, StoreLimits};
 
 /// What a key must be in the store before the commit for it to apply.
@@ -44,6 +44,19 @@ impl Staged {
             _ => 0,
         }
     }
+}
+
+/// What a key held in the staged writes when an insert was asked of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prior {
+    /// Nothing: the insert is staged as an insert-if-absent.
+    Unstaged,
+    /// A delete: the insert is staged as a write over it.
+    Deleted,
+    /// A written value: nothing was staged.
+    Written,
+    /// A requirement that the key be present: nothing was staged.
+    Required,
 }
 
 /// One change to a key, folded into what is staged for it.
@@ -201,6 +214,56 @@ impl StagedWrites {
         self.step(key, Step::Insert(value), undo)
     }
 
+    /// Stages `key = value` unless the transaction already wrote the key or requires it to
+    /// be present, in one look-up; says which.
+    pub fn insert_new(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Prior {
+        let prior = match self.entries.get(&key) {
+            None => Prior::Unstaged,
+            Some(Staged {
+                write: Some(None), ..
+            }) => Prior::Deleted,
+            Some(Staged {
+                write: Some(Some(_)),
+                ..
+            }) => return Prior::Written,
+            Some(Staged { write: None, .. }) => return Prior::Required,
+        };
+        // Absent or deleted here: an insert cannot contradict either.
+        let _ = self.step(key, Step::Insert(value), undo);
+        prior
+    }
+
+    /// Replaces the value the transaction wrote at `key` with what `rewrite` makes of it, in
+    /// one look-up. Returns whether the key held a written value; `rewrite` may leave it as it
+    /// is by returning `None`.
+    ///
+    /// # Errors
+    /// `rewrite`'s error; nothing is changed then.
+    pub fn rewrite<E>(
+        &mut self,
+        key: Bytes,
+        undo: &mut Undo,
+        rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
+    ) -> Result<bool, E> {
+        let Entry::Occupied(mut slot) = self.entries.entry(key) else {
+            return Ok(false);
+        };
+        let Some(Some(old)) = &slot.get().write else {
+            return Ok(false);
+        };
+        let Some(new) = rewrite(old)? else {
+            return Ok(true);
+        };
+        let mut next = slot.get().clone();
+        next.write = Some(Some(new));
+        let key = slot.key().clone();
+        let previous = std::mem::replace(slot.get_mut(), next);
+        self.bytes -= previous.bytes(&key);
+        self.bytes += slot.get().bytes(&key);
+        undo.record(key, Some(previous));
+        Ok(true)
+    }
+
     /// Stages the removal of `key`, if present.
     ///
     /// # Errors
@@ -309,8 +372,11 @@ impl StagedWrites {
         Ok(())
     }
 
-    /// Checks the limits and lists the writes for a backend: one per key, in key order.
-    pub(crate) fn prepare(&self, limits: &StoreLimits) -> Result<Vec<PreparedWrite>, KvError> {
+    /// Checks the limits a store puts on one commit.
+    ///
+    /// # Errors
+    /// [`KvError::WriteSetTooLarge`], [`KvError::KeyTooLarge`] or [`KvError::ValueTooLarge`].
+    pub(crate) fn check(&self, limits: &StoreLimits) -> Result<(), KvError> {
         let ops = self.entries.len();
         if ops > limits.max_write_set_ops || self.bytes > limits.max_write_set_bytes {
             return Err(KvError::WriteSetTooLarge {
@@ -320,7 +386,6 @@ impl StagedWrites {
                 max_bytes: limits.max_write_set_bytes,
             });
         }
-        let mut out = Vec::with_capacity(ops);
         for (key, staged) in &self.entries {
             if key.len() > limits.max_key_bytes {
                 return Err(KvError::KeyTooLarge {
@@ -335,13 +400,21 @@ impl StagedWrites {
                     max: limits.max_value_bytes,
                 });
             }
-            out.push(PreparedWrite {
-                key: key.clone(),
-                requirement: staged.requirement,
-                write: staged.write.clone(),
-            });
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// These writes with every key passed through `key`, which must keep their order (a
+    /// backend that puts its keys under a prefix of its own).
+    #[must_use]
+    pub fn map_keys(&self, key: impl Fn(&[u8]) -> Bytes) -> StagedWrites {
+        let entries: BTreeMap<Bytes, Staged> = self
+            .entries
+            .iter()
+            .map(|(k, staged)| (key(k), staged.clone()))
+            .collect();
+        let bytes = entries.iter().map(|(k, s)| s.bytes(k)).sum();
+        StagedWrites { entries, bytes }
     }
 }
 

@@ -33,7 +33,7 @@ use tikv_client::{
 use super::memory::first_unmet;
 use super::{
     CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
-    PreparedWrite, Requirement,
+    Requirement, StagedWrites,
 };
 
 const NAME: &str = "tikv";
@@ -243,15 +243,15 @@ impl TikvBackend {
     }
 
     /// One attempt at a commit.
-    async fn try_commit(&self, writes: &[PreparedWrite]) -> Result<Attempt, KvError> {
+    async fn try_commit(&self, writes: &StagedWrites) -> Result<Attempt, KvError> {
         let started = Instant::now();
         let mut txn = self
             .waiting_for_pd(|| self.client.begin_with_options(Self::write_options()))
             .await?;
         let required: Vec<Vec<u8>> = writes
             .iter()
-            .filter(|w| w.requirement != Requirement::None)
-            .map(|w| w.key.to_vec())
+            .filter(|(_, staged)| staged.requirement != Requirement::None)
+            .map(|(key, _)| key.to_vec())
             .collect();
         if !required.is_empty() {
             let present = loop {
@@ -278,9 +278,9 @@ impl TikvBackend {
             }
         }
         let mut lock_only = Vec::new();
-        for write in writes {
-            let key = Key::from(write.key.to_vec());
-            let buffered = match (&write.write, write.requirement) {
+        for (key, staged) in writes.iter() {
+            let key = Key::from(key.to_vec());
+            let buffered = match (&staged.write, staged.requirement) {
                 (Some(Some(value)), Requirement::Absent) => txn.insert(key, value.to_vec()).await,
                 (Some(Some(value)), _) => txn.put(key, value.to_vec()).await,
                 (Some(None), _) => txn.delete(key).await,
@@ -377,7 +377,7 @@ impl KvBackend for TikvBackend {
         }))
     }
 
-    async fn commit(&self, writes: Vec<PreparedWrite>) -> Result<CommitOutcome, KvError> {
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         let mut pause = Duration::from_millis(5);
         let mut attempt = 0;
         loop {

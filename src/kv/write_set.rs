@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::KvError;
-use super::staged::{Requirement, StagedWrites, Undo};
+use super::staged::{StagedWrites, Undo};
 
 /// One mutation of a [`WriteSet`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,16 +114,4 @@ impl WriteSet {
         }
         Ok(staged)
     }
-}
-
-/// The net effect of a commit on one key, as a backend receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedWrite {
-    /// The key.
-    pub key: Bytes,
-    /// What the key must be before the commit.
-    pub requirement: Requirement,
-    /// The key's value after the commit: `Some(Some(v))` written, `Some(None)` deleted, `None`
-    /// untouched (a requirement only).
-    pub write: Option<Option<Bytes>>,
 }

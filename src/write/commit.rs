@@ -61,7 +61,7 @@ pub async fn commit_batch_at(
 /// As [`commit_batch`].
 pub async fn commit(catalog: &Catalog, staging: Staging) -> Result<CommitReport> {
     let (writes, affected, summary) = staging.into_writes()?;
-    match catalog.store().commit_staged(&writes).await? {
+    match catalog.store().commit_staged(writes).await? {
         CommitOutcome::Committed => Ok(CommitReport { affected, summary }),
         CommitOutcome::Conflict(conflict) => Err(Error::CommitConflict {
             detail: describe(catalog, &conflict),

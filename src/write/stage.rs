@@ -30,7 +30,7 @@ use crate::codec::{
     encode_mapping_into, read_mapping,
 };
 use crate::error::{Error, Result};
-use crate::kv::{PageSize, Requirement, StagedWrites, Undo};
+use crate::kv::{PageSize, Prior, Requirement, StagedWrites, Undo};
 use crate::model::{CatalogTable, Cell, TableId};
 
 /// Bytes of bookkeeping per staged key beyond its key and value: the map's node share, two
@@ -76,8 +76,19 @@ struct Reference {
     data_file_id: i64,
     table_id: i64,
     mapping_id: i64,
-    /// Whether the snapshot the transaction reads holds the mapping.
-    in_base: bool,
+    /// Where the mapping was when the file was staged.
+    found: Found,
+}
+
+/// Where a referenced mapping was found when the reference was staged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// Staged by the transaction: the reference holds unless the mapping is deleted later.
+    Staged,
+    /// In the snapshot the transaction reads: it must still be there at the commit.
+    InBase,
+    /// Nowhere (yet): a later change may stage it.
+    Missing,
 }
 
 /// A change to the staging's own bookkeeping, so that it can be taken back.
@@ -156,6 +167,9 @@ pub struct Staging {
     refused: BTreeSet<i64>,
     waiting_bytes: usize,
     references: Vec<Reference>,
+    /// Whether the transaction deleted a mapping: references found staged must then be
+    /// checked again at the commit.
+    mappings_deleted: bool,
     /// Rows inserted so far into each table, for positions in messages.
     inserted_rows: [usize; 3],
     summary: PlanSummary,
@@ -192,6 +206,7 @@ impl Staging {
             refused: BTreeSet::new(),
             waiting_bytes: 0,
             references: Vec::new(),
+            mappings_deleted: false,
             inserted_rows: [0; 3],
             summary: PlanSummary::default(),
             affected: Vec::new(),
@@ -413,17 +428,11 @@ impl Staging {
             };
             candidates.push((row, table_id, mapping_id));
         }
-        // Does the snapshot hold the keys the staged writes do not decide? One index span.
+        // Does the snapshot hold the keys? One index span (what the staged writes decide is
+        // looked at once per key, when it is inserted).
         let keyspace = self.base.keyspace().clone();
         let mut key = Vec::new();
-        let mut ask: Vec<i64> = candidates
-            .iter()
-            .filter(|(_, table_id, mapping_id)| {
-                key_into(&mut key, &keyspace, Kind::Mapping, *table_id, *mapping_id);
-                self.writes.read(&key).is_none()
-            })
-            .map(|(_, _, mapping_id)| *mapping_id)
-            .collect();
+        let mut ask: Vec<i64> = candidates.iter().map(|(_, _, id)| *id).collect();
         ask.sort_unstable();
         ask.dedup();
         let in_base: std::collections::HashSet<MappingKey> = self
@@ -435,16 +444,9 @@ impl Staging {
             .collect();
 
         for (row, table_id, mapping_id) in candidates {
-            key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
-            match self.writes.read(&key) {
-                Some(Some(_)) => {
-                    violations.push(Violation::DuplicateMappingInBatch {
-                        table_id,
-                        mapping_id,
-                    });
-                    continue;
-                }
-                None if in_base.contains(&(table_id, mapping_id)) => {
+            if in_base.contains(&(table_id, mapping_id)) {
+                key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
+                if self.writes.read(&key).is_none() {
                     violations.push(Violation::MappingExists {
                         table_id,
                         mapping_id,
@@ -452,8 +454,6 @@ impl Staging {
                     self.refuse(mapping_id);
                     continue;
                 }
-                // Absent, or deleted by this transaction: created (again).
-                Some(None) | None => {}
             }
             let head = MappingHead {
                 mapping_id,
@@ -478,7 +478,25 @@ impl Staging {
             let index_key = arena.build(|out| {
                 keyspace.put_row_key(out, Kind::MappingById, TableId(table_id), mapping_id);
             });
-            writes.insert(row_key, value, undo)?;
+            match writes.insert_new(row_key, value, undo) {
+                // Absent, or deleted by this transaction: created (again).
+                Prior::Unstaged | Prior::Deleted => {}
+                Prior::Written => {
+                    violations.push(Violation::DuplicateMappingInBatch {
+                        table_id,
+                        mapping_id,
+                    });
+                    continue;
+                }
+                Prior::Required => {
+                    violations.push(Violation::MappingExists {
+                        table_id,
+                        mapping_id,
+                    });
+                    self.refuse(mapping_id);
+                    continue;
+                }
+            }
             writes.insert(index_key, Bytes::new(), undo)?;
             self.set_inserted_id(mapping_id, table_id);
             self.set_unnamed((table_id, mapping_id), !has_names);
@@ -550,52 +568,60 @@ impl Staging {
         group: &[NameRef<'_>],
         violations: &mut Vec<Violation>,
     ) -> Result<()> {
-        let keyspace = self.base.keyspace().clone();
-        let target = self
-            .inserted_ids
-            .get(&mapping_id)
-            .copied()
-            .and_then(|table_id| {
-                let mut key = Vec::new();
-                key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
-                let value = self.writes.read(&key)??.clone();
-                Some((table_id, key, value))
-            });
-        let Some((table_id, key, value)) = target else {
-            if !self.refused.contains(&mapping_id) {
+        let table_id = self.inserted_ids.get(&mapping_id).copied();
+        let mut outcome = None;
+        let held = match table_id {
+            None => false,
+            Some(table_id) => {
+                let (writes, undo, arena, keyspace) = self.parts();
+                let key = arena.build(|out| {
+                    keyspace.put_row_key(out, Kind::Mapping, TableId(table_id), mapping_id);
+                });
+                writes.rewrite(key, undo, |value| -> Result<Option<Bytes>> {
+                    let record = read_mapping(value)?;
+                    let head = record.head();
+                    let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
+                    let merged: Vec<NameRef<'_>> = if existing.is_empty() {
+                        group.to_vec()
+                    } else {
+                        let mut merged = existing;
+                        merged.extend_from_slice(group);
+                        merged.sort_by_key(|name| name.column_id);
+                        merged
+                    };
+                    let mut pending = Vec::new();
+                    if fold::check_names(mapping_id, &merged, violations, &mut pending) {
+                        outcome = Some(Err(()));
+                        return Ok(None);
+                    }
+                    outcome = Some(Ok(pending));
+                    Ok(Some(arena.build(|out| {
+                        encode_mapping_into(out, &head, merged.iter().copied());
+                    })))
+                })?
+            }
+        };
+        match (table_id, outcome) {
+            (Some(table_id), Some(Ok(pending))) => {
+                self.set_unnamed((table_id, mapping_id), false);
+                self.set_missing_parents((table_id, mapping_id), pending);
+            }
+            (Some(table_id), Some(Err(()))) => {
+                // The mapping is refused with its name rows: it leaves the view, so what
+                // references it is reported too.
+                let row = crate::codec::RowKey {
+                    kind: Kind::Mapping,
+                    table_id: TableId(table_id),
+                    id: mapping_id,
+                };
+                self.delete_rows(Kind::Mapping, &[row])?;
+                self.refuse(mapping_id);
+            }
+            _ if !held && !self.refused.contains(&mapping_id) => {
                 self.extend_waiting(mapping_id, group.iter().map(OwnedName::of));
             }
-            return Ok(());
-        };
-        let record = read_mapping(&value)?;
-        let head = record.head();
-        let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
-        let merged: Vec<NameRef<'_>> = if existing.is_empty() {
-            group.to_vec()
-        } else {
-            let mut merged = existing;
-            merged.extend_from_slice(group);
-            merged.sort_by_key(|name| name.column_id);
-            merged
-        };
-        let mut pending = Vec::new();
-        if fold::check_names(mapping_id, &merged, violations, &mut pending) {
-            // The mapping is refused with its name rows: it leaves the view, so what
-            // references it is reported too.
-            let row = crate::codec::RowKey {
-                kind: Kind::Mapping,
-                table_id: TableId(table_id),
-                id: mapping_id,
-            };
-            self.delete_rows(Kind::Mapping, &[row])?;
-            self.refuse(mapping_id);
-            return Ok(());
+            _ => {}
         }
-        let (writes, undo, arena, _) = self.parts();
-        let value = arena.build(|out| encode_mapping_into(out, &head, merged.iter().copied()));
-        writes.put(Bytes::from(key), value, undo)?;
-        self.set_unnamed((table_id, mapping_id), false);
-        self.set_missing_parents((table_id, mapping_id), pending);
         Ok(())
     }
 
@@ -625,11 +651,11 @@ impl Staging {
             candidates.push((row, data_file_id, table_id));
         }
         let keyspace = self.base.keyspace().clone();
-        let (in_base, mappings_in_base) = self.files_in_base(&rows, &candidates).await?;
+        let (in_base, found) = self.files_in_base(&rows, &candidates).await?;
         let mut key = Vec::new();
         let (mut lo, mut hi) = (Vec::new(), Vec::new());
         let mut references = Vec::new();
-        for (row, data_file_id, table_id) in candidates {
+        for ((row, data_file_id, table_id), found) in candidates.into_iter().zip(found) {
             key_into(
                 &mut lo,
                 &keyspace,
@@ -665,13 +691,12 @@ impl Staging {
                 violations.push(Violation::DataFileExists { data_file_id });
                 continue;
             }
-            if let Some(mapping_id) = rows.int(DF_MAPPING_ID, row) {
-                key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
+            if let (Some(mapping_id), Some(found)) = (rows.int(DF_MAPPING_ID, row), found) {
                 references.push(Reference {
                     data_file_id,
                     table_id,
                     mapping_id,
-                    in_base: mappings_in_base.contains(&key),
+                    found,
                 });
             }
             let (writes, undo, arena, keyspace) = self.parts();
@@ -702,7 +727,7 @@ impl Staging {
         &self,
         rows: &Columns<'_>,
         candidates: &[(usize, i64, i64)],
-    ) -> Result<(HashMap<i64, Vec<i64>>, BTreeSet<Vec<u8>>)> {
+    ) -> Result<(HashMap<i64, Vec<i64>>, Vec<Option<Found>>)> {
         let keyspace = self.base.keyspace();
         let mut ids: Vec<i64> = candidates.iter().map(|(_, id, _)| *id).collect();
         ids.sort_unstable();
@@ -712,24 +737,46 @@ impl Staging {
             in_base.entry(row.id).or_default().push(row.table_id.0);
         }
         let mut key = Vec::new();
-        let mut mapping_keys: Vec<Vec<u8>> = candidates
-            .iter()
-            .filter_map(|(row, _, table_id)| {
-                let mapping_id = rows.int(DF_MAPPING_ID, *row)?;
-                key_into(&mut key, keyspace, Kind::Mapping, *table_id, mapping_id);
-                self.writes.read(&key).is_none().then(|| key.clone())
-            })
-            .collect();
-        mapping_keys.sort_unstable();
-        mapping_keys.dedup();
-        let found = self.base.values(&mapping_keys).await?;
-        let mappings_in_base = mapping_keys
-            .into_iter()
-            .zip(found)
-            .filter(|(_, value)| value.is_some())
-            .map(|(key, _)| key)
-            .collect();
-        Ok((in_base, mappings_in_base))
+        let mut found = Vec::with_capacity(candidates.len());
+        let mut ask: Vec<Vec<u8>> = Vec::new();
+        for (row, _, table_id) in candidates {
+            let Some(mapping_id) = rows.int(DF_MAPPING_ID, *row) else {
+                found.push(None);
+                continue;
+            };
+            key_into(&mut key, keyspace, Kind::Mapping, *table_id, mapping_id);
+            found.push(Some(match self.writes.read(&key) {
+                Some(Some(_)) => Found::Staged,
+                Some(None) => Found::Missing,
+                None => {
+                    ask.push(key.clone());
+                    // Decided below, from the snapshot.
+                    Found::InBase
+                }
+            }));
+        }
+        if !ask.is_empty() {
+            let mut sorted = ask.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            let values = self.base.values(&sorted).await?;
+            let present: BTreeSet<&[u8]> = sorted
+                .iter()
+                .zip(&values)
+                .filter(|(_, value)| value.is_some())
+                .map(|(key, _)| key.as_slice())
+                .collect();
+            let mut asked = ask.iter();
+            for slot in &mut found {
+                if *slot == Some(Found::InBase)
+                    && let Some(key) = asked.next()
+                    && !present.contains(key.as_slice())
+                {
+                    *slot = Some(Found::Missing);
+                }
+            }
+        }
+        Ok((in_base, found))
     }
 
     /// The keys of rows present in the transaction's view, in `ranges` of a row kind.
@@ -818,6 +865,9 @@ impl Staging {
                 (Kind::Mapping, false) => self.summary.mappings_deleted += 1,
                 (_, true) => self.summary.files_created -= 1,
                 (_, false) => self.summary.files_deleted += 1,
+            }
+            if kind == Kind::Mapping {
+                self.mappings_deleted = true;
             }
             if kind == Kind::Mapping && self.inserted_ids.get(&id) == Some(&table_id) {
                 self.remove_inserted_id(id);
@@ -922,6 +972,10 @@ impl Staging {
         );
         let mut key = Vec::new();
         for reference in &self.references {
+            if reference.found == Found::Staged && !self.mappings_deleted {
+                // Staged with the file, and no mapping deleted since: it holds.
+                continue;
+            }
             key_into(
                 &mut key,
                 keyspace,
@@ -941,7 +995,7 @@ impl Staging {
             );
             let known = match self.writes.read(&key) {
                 Some(written) => written.is_some(),
-                None => reference.in_base,
+                None => reference.found == Found::InBase,
             };
             if !known {
                 out.push(Violation::UnknownMapping {
@@ -959,7 +1013,7 @@ impl Staging {
     ///
     /// # Errors
     /// [`Error::Validation`] with every pending violation.
-    pub fn into_writes(mut self) -> Result<(StagedWrites, Vec<u64>, PlanSummary)> {
+    pub fn into_writes(mut self) -> Result<(Arc<StagedWrites>, Vec<u64>, PlanSummary)> {
         let pending = self.pending();
         if !pending.is_empty() {
             return Err(Error::Validation(super::ValidationError {
@@ -968,7 +1022,7 @@ impl Staging {
         }
         self.end_request(true);
         let references = mem::take(&mut self.references);
-        for reference in references {
+        for reference in references.into_iter().filter(|r| r.found == Found::InBase) {
             let (writes, undo, arena, keyspace) = self.parts();
             let key = arena.build(|out| {
                 keyspace.put_row_key(
@@ -978,12 +1032,11 @@ impl Staging {
                     reference.mapping_id,
                 );
             });
-            if reference.in_base && writes.read(&key).is_none() {
+            if writes.read(&key).is_none() {
                 writes.require_present(key, undo)?;
             }
         }
-        let writes = Arc::try_unwrap(self.writes).unwrap_or_else(|shared| (*shared).clone());
-        Ok((writes, self.affected, self.summary))
+        Ok((self.writes, self.affected, self.summary))
     }
 
     // --- Bookkeeping that a request can take back. --------------------------------------
