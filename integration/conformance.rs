@@ -489,6 +489,45 @@ pub async fn concurrent_inserts_have_one_winner(backend: Backend) {
     );
 }
 
+/// Many commits that each take the same key away: whichever lands first wins, and every
+/// later one, even one committed in the same group by the backend, sees the key gone.
+pub async fn concurrent_takes_of_one_key_have_one_winner(backend: Backend) {
+    let t = backend.open().await;
+    put_range(&t.store, [0], 0).await;
+    let tasks: Vec<_> = (0..32_u32)
+        .map(|writer| {
+            let store = t.store.clone();
+            tokio::spawn(async move {
+                let mut writes = WriteSet::new();
+                writes
+                    .require_present(key(0))
+                    .delete(key(0))
+                    .put(key(100 + writer), value(writer, 1));
+                (writer, store.commit(writes).await.expect("commit"))
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (writer, outcome) = task.await.expect("task");
+        match outcome {
+            CommitOutcome::Committed => winners.push(writer),
+            CommitOutcome::Conflict(
+                Conflict::Missing { key: k } | Conflict::WriteConflict { key: Some(k) },
+            ) => assert_eq!(k, key(0)),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one take wins: {winners:?}");
+    assert_eq!(
+        contents(&t.store).await,
+        vec![KvPair {
+            key: key(100 + winners[0]),
+            value: value(winners[0], 1)
+        }]
+    );
+}
+
 /// A small deterministic generator, so a failing sequence can be replayed from its seed.
 struct Rng(u64);
 
@@ -597,6 +636,7 @@ macro_rules! conformance_suite {
                 deletes_remove_keys,
                 limits_are_enforced_before_the_backend,
                 concurrent_inserts_have_one_winner,
+                concurrent_takes_of_one_key_have_one_winner,
                 agrees_with_the_memory_model,
             );
         )*

@@ -32,7 +32,7 @@ const LOAD_QUERY: &str = "SELECT mapping_id, table_id, type, column_id, source_n
 struct Server {
     running: RunningServer,
     catalog: Catalog,
-    _store: TestStore,
+    store: TestStore,
 }
 
 impl Server {
@@ -55,7 +55,7 @@ impl Server {
         Self {
             running: server,
             catalog,
-            _store: store,
+            store,
         }
     }
 
@@ -726,6 +726,69 @@ async fn an_idle_transaction_expires_and_late_calls_say_so() {
         .expect_err("expired read");
     assert_eq!(code_of(&err), Code::FailedPrecondition, "{err}");
     assert_eq!(server.rows().await, CatalogRows::default());
+}
+
+/// Staging is incremental: a statement reads from the store what its own rows need, however
+/// much the transaction has staged before it. Statements 1 and 100 (three ingests each, one
+/// mapping with its names and file) read the same keys; were staged rows evaluated again per
+/// statement, the 100th would read about a hundred times more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hundredth_statement_reads_what_the_first_did() {
+    let server = Server::empty(TxnConfig::default()).await;
+    // Something in the base snapshot, so that the statements' look-ups find data there.
+    let mut seeder = server.client().await;
+    let seed = seeder.begin_transaction().await.expect("begin");
+    for i in 0..50 {
+        stage(&mut seeder, &registration(1, 10 * i), Some(&seed)).await;
+    }
+    seeder
+        .end_transaction(seed, EndTransaction::Commit)
+        .await
+        .expect("seed commits");
+    let reads = || {
+        let store = &server.store;
+        store.keys_read.load(std::sync::atomic::Ordering::SeqCst)
+            + store.pages_read.load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let mut client = server.client().await;
+    let txn = client.begin_transaction().await.expect("begin");
+    let mut costs = Vec::new();
+    let mut all = CatalogRows::default();
+    for i in 0..100 {
+        let mut rows = registration(2 + i % 3, 10_000 + 10 * i);
+        // And a file of table 1 on a mapping the base holds.
+        let mut file = registration(1, 10 * (i % 50)).data_files.remove(0);
+        file.data_file_id = Some(10_000 + 10 * i + 2);
+        rows.data_files.push(file);
+        let before = reads();
+        stage(&mut client, &rows, Some(&txn)).await;
+        costs.push(reads() - before);
+        all = merged(&all, &rows);
+    }
+    assert!(costs[0] > 0, "a statement looks its keys up in the store");
+    assert!(
+        costs[99] <= costs[0] + 2,
+        "statement 100 read {} keys, statement 1 read {}: {costs:?}",
+        costs[99],
+        costs[0]
+    );
+    assert!(costs.iter().max() <= Some(&(costs[0] + 2)), "{costs:?}");
+    client
+        .end_transaction(txn, EndTransaction::Commit)
+        .await
+        .expect("commit");
+    let stored = server.rows().await;
+    assert_eq!(stored.column_mappings.len(), 150);
+    assert_eq!(stored.data_files.len(), 250);
+    assert!(
+        all.column_mappings
+            .iter()
+            .all(|row| stored.column_mappings.contains(row))
+            && all
+                .data_files
+                .iter()
+                .all(|row| stored.data_files.contains(row))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

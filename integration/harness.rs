@@ -17,6 +17,9 @@ pub struct TestStore {
     pub store: Store,
     /// Counts the pages every snapshot of this store has read.
     pub pages_read: Arc<AtomicUsize>,
+    /// Counts the keys every snapshot of this store has read: one per point get, one per
+    /// key of a batch get, one per record of a scanned page.
+    pub keys_read: Arc<AtomicUsize>,
     pub _dir: Option<TempDir>,
     /// The fake TiKV cluster the store runs on, kept running while the store lives.
     #[cfg(feature = "tikv")]
@@ -58,13 +61,16 @@ impl Backend {
             }
         };
         let pages_read = Arc::new(AtomicUsize::new(0));
+        let keys_read = Arc::new(AtomicUsize::new(0));
         let counting = Counting {
             inner: backend,
             pages: Arc::clone(&pages_read),
+            keys: Arc::clone(&keys_read),
         };
         TestStore {
             store: Store::new(Arc::new(counting), limits),
             pages_read,
+            keys_read,
             _dir: dir,
             #[cfg(feature = "tikv")]
             _cluster: cluster,
@@ -72,10 +78,12 @@ impl Backend {
     }
 }
 
-/// A backend wrapper that counts scanned pages, to see that a scan stops with its consumer.
+/// A backend wrapper that counts what its snapshots read: scanned pages, to see that a scan
+/// stops with its consumer, and keys, to see what a statement costs.
 struct Counting {
     inner: Arc<dyn KvBackend>,
     pages: Arc<AtomicUsize>,
+    keys: Arc<AtomicUsize>,
 }
 
 #[async_trait]
@@ -88,6 +96,7 @@ impl KvBackend for Counting {
         Ok(Arc::new(CountingSnapshot {
             inner: self.inner.snapshot().await?,
             pages: Arc::clone(&self.pages),
+            keys: Arc::clone(&self.keys),
         }))
     }
 
@@ -99,21 +108,26 @@ impl KvBackend for Counting {
 struct CountingSnapshot {
     inner: Arc<dyn KvSnapshot>,
     pages: Arc<AtomicUsize>,
+    keys: Arc<AtomicUsize>,
 }
 
 #[async_trait]
 impl KvSnapshot for CountingSnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.keys.fetch_add(1, Ordering::SeqCst);
         self.inner.get(key).await
     }
 
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.keys.fetch_add(keys.len(), Ordering::SeqCst);
         self.inner.batch_get(keys).await
     }
 
     async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
         self.pages.fetch_add(1, Ordering::SeqCst);
-        self.inner.scan_page(range, page).await
+        let page = self.inner.scan_page(range, page).await?;
+        self.keys.fetch_add(page.len(), Ordering::SeqCst);
+        Ok(page)
     }
 }
 

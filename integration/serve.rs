@@ -12,6 +12,8 @@ fn config(pd: Vec<String>, key_prefix: &str) -> ServeConfig {
         txn_idle_timeout: 300,
         txn_max_rows: 1000,
         txn_max_bytes: 1 << 20,
+        redb_cache_mb: 64,
+        redb_checkpoint_ms: 1000,
     }
 }
 

@@ -54,9 +54,25 @@ pub struct ServeConfig {
     /// Most bytes (estimated) one transaction may stage before commit.
     #[arg(long, env = "MORAINE_TXN_MAX_BYTES", default_value_t = 512 << 20)]
     pub txn_max_bytes: u64,
+    /// Embedded store: MiB of memory redb may use to cache pages and buffer writes.
+    #[arg(long, env = "MORAINE_REDB_CACHE_MB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub redb_cache_mb: u64,
+    /// Embedded store: milliseconds at most between a commit and the checkpoint that makes
+    /// the redb file hold it (until then the commit log does; a crash replays it on start).
+    #[arg(long, env = "MORAINE_REDB_CHECKPOINT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    pub redb_checkpoint_ms: u64,
 }
 
 impl ServeConfig {
+    /// The embedded store's settings.
+    #[must_use]
+    pub fn redb_options(&self) -> crate::kv::redb::RedbOptions {
+        crate::kv::redb::RedbOptions {
+            cache_bytes: usize::try_from(self.redb_cache_mb << 20).unwrap_or(usize::MAX),
+            checkpoint_every: std::time::Duration::from_millis(self.redb_checkpoint_ms),
+        }
+    }
+
     /// The transaction settings.
     #[must_use]
     pub fn txn_config(&self) -> crate::txn::TxnConfig {

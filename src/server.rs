@@ -28,10 +28,13 @@ const MAX_ENCODING_MESSAGE: usize = 16 << 20;
 ///
 /// # Errors
 /// [`Error::Kv`] when the store cannot be opened.
-pub async fn open_embedded(dir: &std::path::Path) -> Result<Store> {
-    let backend = crate::kv::redb::RedbBackend::open(dir).await?;
+pub async fn open_embedded(
+    dir: &std::path::Path,
+    options: crate::kv::redb::RedbOptions,
+) -> Result<Store> {
+    let backend = crate::kv::redb::RedbBackend::open_with(dir, options).await?;
     tracing::info!(path = %backend.path().display(), "opened embedded store");
-    Ok(Store::new(Arc::new(backend), StoreLimits::default()))
+    Ok(Store::new(Arc::new(backend), StoreLimits::embedded()))
 }
 
 /// A server running on a tokio task.
@@ -137,7 +140,10 @@ pub async fn start_with(
 pub async fn serve(config: ServeConfig) -> Result<()> {
     let keyspace = Keyspace::new(KeyPrefix::new(&config.key_prefix)?);
     let (store, _gc) = if config.pd.is_empty() {
-        (open_embedded(&config.data).await?, None)
+        (
+            open_embedded(&config.data, config.redb_options()).await?,
+            None,
+        )
     } else {
         open_tikv(&config.pd).await?
     };
@@ -173,7 +179,7 @@ async fn open_tikv(pd: &[String]) -> Result<(Store, Housekeeping)> {
     tracing::info!(pd = ?pd, "connected to TiKV");
     let gc = backend.spawn_gc(GC_EVERY, GC_KEEP);
     Ok((
-        Store::new(Arc::new(backend), StoreLimits::default()),
+        Store::new(Arc::new(backend), StoreLimits::replicated()),
         Some(Box::new(gc)),
     ))
 }
@@ -222,7 +228,7 @@ pub async fn import(config: ImportConfig) -> Result<()> {
         reason: format!("{}: {err}", config.file.display()),
     })?;
     let commits = crate::import::ducklake_steps(&text)?;
-    let store = open_embedded(&config.data).await?;
+    let store = open_embedded(&config.data, crate::kv::redb::RedbOptions::default()).await?;
     let catalog = Catalog::new(store, Keyspace::default());
     for commit in &commits {
         let report = crate::write::commit_batch(&catalog, &commit.batch)

@@ -41,7 +41,9 @@ from conftest import (
     load_fixture,
     mapping_like,
     mentions_id,
+    moraine_bin,
     state_from_tables,
+    Server,
     _fixture_rows,
 )
 from test_pyarrow_flight import OPTIONS, _bytes_field, _varint, read_endpoints, run_command
@@ -496,3 +498,112 @@ def test_stream_commit_beats_an_open_adbc_transaction(client, lake, ids):
     finally:
         conn.close()
     assert_stored(lake.uri, streamed.added_to(before), "the stream's mapping only")
+
+
+# --------------------------------------------------------------------------------------------
+# Durability: what was acknowledged survives the process being killed.
+
+
+def test_acknowledged_commits_survive_a_crash(tmp_path, ids):
+    """Concurrent streams commit (so the embedded store groups them), the server is killed
+    with SIGKILL before any checkpoint (checkpoints are a day apart here, so every commit is
+    in the commit log only), and a new server on the same directory holds every
+    acknowledged commit: the log was replayed."""
+    binary, data_dir = moraine_bin(), tmp_path / "crash"
+    args = ["--redb-checkpoint-ms", "86400000"]
+    work = []
+    for _ in range(24):
+        t = ids.table()
+        m = flat_mapping(ids.file(), t, 3)
+        work.append((m, [data_file(ids.file(), t, m.mapping_id) for _ in range(2)]))
+
+    def commit_one(uri: str, m: Mapping, files: List[tuple]) -> None:
+        with flight.FlightClient(uri) as c:
+            check_reply(put(c, MAPPING_PATH, committed(mapping_batches([m]))),
+                        rows=3, mappings=1, data_files=0, what="a mapping")
+            check_reply(put(c, DATA_FILE, committed(file_batches(files))),
+                        rows=len(files), mappings=0, data_files=len(files), what="its files")
+
+    server = Server(binary, data_dir, "crash", args)
+    try:
+        uri = server.wait_listening()
+        want = read_committed(uri)
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda item: commit_one(uri, *item), work))
+        for m, files in work:
+            want = m.added_to(want).with_rows(DATA_FILE, files)
+        assert_stored(uri, want, "before the crash")
+        assert (data_dir / "moraine.log").stat().st_size > 0, "the commits are in the log"
+        server.proc.kill()
+        server.proc.wait(10)
+    finally:
+        server.stop()
+
+    restarted = Server(binary, data_dir, "crash-restarted", args)
+    try:
+        uri = restarted.wait_listening()
+        assert_stored(uri, want, "after SIGKILL and a restart")
+        assert "replayed the commit log" in restarted.log(), restarted.log(tail=20)
+    finally:
+        complaint = restarted.stop()
+    assert complaint is None, complaint
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: a request over the staging limit is refused as it is read, not after it is buffered.
+
+
+def _proc_kib(pid: int, field: str) -> int:
+    """A `kB` field of /proc/<pid>/status (VmRSS: resident now; VmHWM: the peak so far)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_an_oversized_stream_is_refused_in_bounded_memory(server_factory, ids):
+    """A 320 MiB mapping stream against a 16 MiB staging limit: refused with
+    RESOURCE_EXHAUSTED naming the limit and its flag, nothing written, and the server's peak
+    RSS grew by a small fraction of the payload (the stream is staged batch by batch and
+    checked against the limit before the next batch is read)."""
+    limit = 16 << 20
+    lake = server_factory("memory-limit", steps_file=None,
+                          extra_args=["--txn-max-bytes", str(limit)])
+    pid = lake.server.proc.pid
+    rows_per_batch, name_bytes, batches = 4096, 2048, 40
+    payload = rows_per_batch * name_bytes * batches
+    table_id = ids.table()
+    # The batches share their columns but the mapping ids, so what the client holds stays
+    # small; each batch is 512 new mappings of 8 names.
+    shared = [
+        pa.array([table_id] * rows_per_batch, pa.int64()),
+        pa.array(["map_by_name"] * rows_per_batch),
+        pa.array([i % 8 for i in range(rows_per_batch)], pa.int64()),
+        pa.array([f"{i % 8}".ljust(name_bytes, "x") for i in range(rows_per_batch)]),
+        pa.array([i % 8 + 1 for i in range(rows_per_batch)], pa.int64()),
+        pa.array([None] * rows_per_batch, pa.int64()),
+        pa.array([False] * rows_per_batch),
+    ]
+
+    def batch_of(first: int) -> pa.RecordBatch:
+        mapping_ids = pa.array([first + i // 8 for i in range(rows_per_batch)], pa.int64())
+        return pa.record_batch([mapping_ids] + shared, schema=stream_schema(MAPPING_PATH))
+
+    stream = [batch_of(100_000_000 + k * rows_per_batch) for k in range(batches)]
+    batch = stream[0]
+    assert batch.nbytes >= rows_per_batch * name_bytes
+    with flight.FlightClient(lake.uri) as c:
+        before = read_committed(lake.uri)
+        rss_before = _proc_kib(pid, "VmRSS")
+        with pytest.raises(pa.ArrowException) as e:
+            put(c, MAPPING_PATH, committed(stream))
+    check_refusal(e.value, "RESOURCE_EXHAUSTED", words=["--txn-max-bytes", str(limit)],
+                  what="a stream over the staging limit")
+    peak_growth = (_proc_kib(pid, "VmHWM") - rss_before) << 10
+    assert peak_growth < payload // 4, (
+        f"the server's peak RSS grew by {peak_growth >> 20} MiB for a refused "
+        f"{payload >> 20} MiB stream (limit {limit >> 20} MiB)")
+    assert_stored(lake.uri, before, "after the refused stream")
+    grown = (_proc_kib(pid, "VmRSS") - rss_before) << 10
+    assert grown < payload // 4, f"the server holds {grown >> 20} MiB more than before"

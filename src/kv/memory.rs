@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use super::page::fill_page;
 use super::{
-    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
-    Requirement, StagedWrites,
+    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, Requirement,
+    StagedWrites,
 };
 
 type Map = BTreeMap<Bytes, Bytes>;
@@ -64,11 +64,17 @@ pub(crate) fn first_unmet(
     writes: &StagedWrites,
     mut present: impl FnMut(&[u8]) -> bool,
 ) -> Option<Conflict> {
-    writes.iter().find_map(|(key, staged)| match staged.requirement {
-        Requirement::None => None,
-        Requirement::Absent => present(key).then(|| Conflict::AlreadyExists { key: key.to_vec() }),
-        Requirement::Present => (!present(key)).then(|| Conflict::Missing { key: key.to_vec() }),
-    })
+    writes
+        .iter()
+        .find_map(|(key, staged)| match staged.requirement {
+            Requirement::None => None,
+            Requirement::Absent => {
+                present(key).then(|| Conflict::AlreadyExists { key: key.to_vec() })
+            }
+            Requirement::Present => {
+                (!present(key)).then(|| Conflict::Missing { key: key.to_vec() })
+            }
+        })
 }
 
 struct MemorySnapshot {

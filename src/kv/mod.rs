@@ -297,10 +297,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`commit`](Self::commit).
-    pub async fn commit_staged(
-        &self,
-        writes: Arc<StagedWrites>,
-    ) -> Result<CommitOutcome, KvError> {
+    pub async fn commit_staged(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         writes.check(&self.limits)?;
         if writes.is_empty() {
             return Ok(CommitOutcome::Committed);

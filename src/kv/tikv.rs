@@ -32,8 +32,8 @@ use tikv_client::{
 
 use super::memory::first_unmet;
 use super::{
-    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
-    Requirement, StagedWrites,
+    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, Requirement,
+    StagedWrites,
 };
 
 const NAME: &str = "tikv";

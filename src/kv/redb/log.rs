@@ -1,0 +1,333 @@
+//! The commit log of the embedded store: every commit is appended here, and made durable,
+//! before it is acknowledged; the redb file itself is made durable only at checkpoints.
+//!
+//! A durable redb commit writes and syncs every page the commit touched, and the pages of
+//! redb's own bookkeeping: about seventy page writes for a commit of four keys. A log record
+//! is one sequential write and one `fdatasync`. So commits go to the log durably and to redb
+//! without syncing; a checkpoint (a durable redb commit) now and then makes the log's records
+//! redundant, and the log starts over.
+//!
+//! | bytes | field                                                                 |
+//! |-------|-----------------------------------------------------------------------|
+//! | 4     | payload length, little-endian                                         |
+//! | 4     | CRC-32 (IEEE) of the payload, little-endian                           |
+//! | 8     | payload: the group's sequence number, little-endian                   |
+//! | 4     | payload: number of operations, little-endian                          |
+//! | n     | payload: operations, each `op` (1 put, 2 delete), key length (u32 LE), key, and for a put value length (u32 LE) and value |
+//!
+//! A record that is cut short or fails its checksum ends the log: it was being written when
+//! the process stopped, so it was never acknowledged.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+
+use super::super::StagedWrites;
+
+/// File name of the log inside the store's data directory.
+pub const LOG_NAME: &str = "moraine.log";
+
+const PUT: u8 = 1;
+const DELETE: u8 = 2;
+const HEADER: usize = 8;
+/// Bytes a record's payload takes before its operations.
+const PAYLOAD_HEAD: usize = 12;
+
+/// One write of a logged commit: a key set to a value, or deleted.
+pub(super) type LoggedWrite<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// A commit group read back from the log.
+#[derive(Debug)]
+pub(super) struct Record<'a> {
+    pub(super) seq: u64,
+    pub(super) writes: Vec<LoggedWrite<'a>>,
+}
+
+/// The open log, positioned at its end.
+#[derive(Debug)]
+pub(super) struct Log {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, handing its records to `each` one at a time, in
+    /// order (only one record is in memory at once); a torn tail is cut off.
+    ///
+    /// # Errors
+    /// The file's I/O errors, and the first error of `each`.
+    pub(super) fn open<E: From<io::Error>>(
+        dir: &Path,
+        mut each: impl FnMut(Record<'_>) -> Result<(), E>,
+    ) -> Result<Self, E> {
+        let path = dir.join(LOG_NAME);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        // The file's directory entry must survive a crash too.
+        File::open(dir)?.sync_all()?;
+        let total = file.metadata()?.len();
+        let mut reader = io::BufReader::with_capacity(1 << 20, &file);
+        let mut payload = Vec::new();
+        let mut len = 0_u64;
+        while let Some(length) = next_payload(&mut reader, total - len, &mut payload)? {
+            let Some(record) = parse(&payload) else { break };
+            each(record)?;
+            len += u64::try_from(HEADER + length).unwrap_or(u64::MAX);
+        }
+        drop(reader);
+        if len < total {
+            file.set_len(len)?;
+            file.sync_data()?;
+        }
+        file.seek(SeekFrom::Start(len))?;
+        Ok(Self { file, path, len })
+    }
+
+    /// Bytes in the log.
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The log's file.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends the writes of one commit group, in order, and makes them durable. The record
+    /// is streamed from the writes (its checksum taken in a first pass), not copied whole.
+    pub(super) fn append<'a>(
+        &mut self,
+        seq: u64,
+        groups: &(impl Iterator<Item = &'a StagedWrites> + Clone),
+    ) -> io::Result<()> {
+        let ops = || {
+            groups
+                .clone()
+                .flat_map(StagedWrites::iter)
+                .filter_map(|(key, staged)| {
+                    staged
+                        .write
+                        .as_ref()
+                        .map(|value| (key.as_ref(), value.as_deref()))
+                })
+        };
+        let mut length = PAYLOAD_HEAD;
+        let mut count = 0_usize;
+        let mut checksum = crc32fast::Hasher::new();
+        checksum.update(&seq.to_le_bytes());
+        for (key, value) in ops() {
+            count += 1;
+            length += op_len(key, value);
+        }
+        checksum.update(&u32_of(count)?.to_le_bytes());
+        for (key, value) in ops() {
+            each_piece(key, value, |piece| {
+                checksum.update(piece);
+                Ok(())
+            })?;
+        }
+        let mut out = BufWriter::with_capacity(length.min(1 << 20) + HEADER, &self.file);
+        out.write_all(&u32_of(length)?.to_le_bytes())?;
+        out.write_all(&checksum.finalize().to_le_bytes())?;
+        out.write_all(&seq.to_le_bytes())?;
+        out.write_all(&u32_of(count)?.to_le_bytes())?;
+        for (key, value) in ops() {
+            each_piece(key, value, |piece| out.write_all(piece))?;
+        }
+        out.flush()?;
+        drop(out);
+        self.file.sync_data()?;
+        self.len += u64::try_from(HEADER + length).unwrap_or(u64::MAX);
+        Ok(())
+    }
+
+    /// Empties the log, once a checkpoint has made every record in it redundant.
+    pub(super) fn reset(&mut self) -> io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.sync_data()?;
+        self.len = 0;
+        Ok(())
+    }
+}
+
+fn op_len(key: &[u8], value: Option<&[u8]>) -> usize {
+    1 + 4 + key.len() + value.map_or(0, |value| 4 + value.len())
+}
+
+/// An operation's bytes, in the pieces they are written in.
+fn each_piece(
+    key: &[u8],
+    value: Option<&[u8]>,
+    mut piece: impl FnMut(&[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    piece(&[if value.is_some() { PUT } else { DELETE }])?;
+    piece(&u32_of(key.len())?.to_le_bytes())?;
+    piece(key)?;
+    if let Some(value) = value {
+        piece(&u32_of(value.len())?.to_le_bytes())?;
+        piece(value)?;
+    }
+    Ok(())
+}
+
+fn u32_of(len: usize) -> io::Result<u32> {
+    u32::try_from(len).map_err(|_| io::Error::other("a commit larger than 4 GiB"))
+}
+
+/// Reads the next record's payload into `payload` if the `left` bytes of the file hold a
+/// whole one whose checksum holds; returns its length. `None` ends the log: nothing left, or
+/// a record cut short or damaged.
+fn next_payload(
+    reader: &mut impl io::Read,
+    left: u64,
+    payload: &mut Vec<u8>,
+) -> io::Result<Option<usize>> {
+    let mut header = [0; HEADER];
+    if left < HEADER as u64 {
+        return Ok(None);
+    }
+    reader.read_exact(&mut header)?;
+    let (length, checksum) = header.split_at(4);
+    let length = u32::from_le_bytes(length.try_into().map_err(io::Error::other)?);
+    let checksum = u32::from_le_bytes(checksum.try_into().map_err(io::Error::other)?);
+    if u64::from(length) > left - HEADER as u64 {
+        return Ok(None);
+    }
+    let length = usize::try_from(length).map_err(io::Error::other)?;
+    payload.clear();
+    payload.resize(length, 0);
+    reader.read_exact(payload)?;
+    Ok((crc32fast::hash(payload) == checksum).then_some(length))
+}
+
+fn parse(payload: &[u8]) -> Option<Record<'_>> {
+    let mut reader = Reader(payload);
+    let seq = u64::from_le_bytes(reader.array::<8>()?);
+    let count = u32::from_le_bytes(reader.array::<4>()?);
+    let mut writes = Vec::with_capacity(usize::try_from(count).ok()?.min(payload.len() / 5));
+    for _ in 0..count {
+        let [op] = reader.array::<1>()?;
+        let key = reader.chunk()?;
+        let value = match op {
+            PUT => Some(reader.chunk()?),
+            DELETE => None,
+            _ => return None,
+        };
+        writes.push((key, value));
+    }
+    Some(Record { seq, writes })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+
+    fn chunk(&mut self) -> Option<&'a [u8]> {
+        let len = usize::try_from(u32::from_le_bytes(self.array::<4>()?)).ok()?;
+        let (chunk, rest) = self.0.split_at_checked(len)?;
+        self.0 = rest;
+        Some(chunk)
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::kv::{StagedWrites, Undo};
+    use bytes::Bytes;
+
+    fn writes(items: &[(&str, Option<&str>)]) -> StagedWrites {
+        let mut staged = StagedWrites::new();
+        let mut undo = Undo::off();
+        for (key, value) in items {
+            let key = Bytes::copy_from_slice(key.as_bytes());
+            match value {
+                Some(value) => staged
+                    .put(key, Bytes::copy_from_slice(value.as_bytes()), &mut undo)
+                    .expect("put"),
+                None => staged.delete(key, &mut undo).expect("delete"),
+            }
+        }
+        staged
+    }
+
+    /// An owned copy of a record read back.
+    type Owned = (u64, Vec<(Vec<u8>, Option<Vec<u8>>)>);
+
+    pub(in super::super) fn read(dir: &std::path::Path) -> (Log, Vec<Owned>) {
+        let mut records = Vec::new();
+        let log = Log::open(dir, |record: Record<'_>| {
+            records.push((
+                record.seq,
+                record
+                    .writes
+                    .iter()
+                    .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
+                    .collect(),
+            ));
+            Ok::<_, io::Error>(())
+        })
+        .expect("open");
+        (log, records)
+    }
+
+    #[test]
+    fn records_come_back_in_order_and_a_torn_tail_is_cut() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let (mut log, records) = read(dir.path());
+            assert!(records.is_empty());
+            log.append(1, &[writes(&[("a", Some("1")), ("b", None)])].iter())
+                .expect("append");
+            log.append(
+                2,
+                &[writes(&[("c", Some("3"))]), writes(&[("a", Some("4"))])].iter(),
+            )
+            .expect("append");
+        }
+        // A third record cut off midway: a crash while it was written.
+        let path = dir.path().join(LOG_NAME);
+        let whole = std::fs::read(&path).expect("read");
+        let mut torn = whole.clone();
+        torn.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3, 4, 9]);
+        std::fs::write(&path, &torn).expect("write");
+        let (log, records) = read(dir.path());
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0].0, 1);
+        assert_eq!(
+            records[0].1,
+            vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)]
+        );
+        assert_eq!(
+            records[1].1,
+            vec![
+                (b"c".to_vec(), Some(b"3".to_vec())),
+                (b"a".to_vec(), Some(b"4".to_vec()))
+            ]
+        );
+        assert_eq!(log.len(), u64::try_from(whole.len()).expect("small"));
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            whole,
+            "the torn tail is gone"
+        );
+        // A flipped byte ends the log at that record.
+        let mut flipped = whole;
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        std::fs::write(&path, &flipped).expect("write");
+        let (_, records) = read(dir.path());
+        assert_eq!(records.len(), 1);
+    }
+}

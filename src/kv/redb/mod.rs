@@ -1,0 +1,777 @@
+//! The embedded backend: one redb file, and a commit log beside it.
+//!
+//! All data lives in one `&[u8] -> &[u8]` table, ordered by raw key bytes, which is the
+//! memcomparable order the keyspace is built for. redb is blocking: reads run on tokio's
+//! blocking pool, never on the async runtime's workers.
+//!
+//! Commits go through one writer thread, which groups the commits waiting for it into one redb
+//! write transaction (group commit). Each commit of a group is checked against the state the
+//! commits before it in the group leave, so the outcome is the same as committing them one
+//! after another: a commit whose requirement fails is a conflict and writes nothing, the others
+//! land together. The group is then appended to the commit log (`log.rs`) and synced, and only
+//! then applied to redb and acknowledged: a commit is durable when it is acknowledged. redb's
+//! own commits are not synced, except at checkpoints (every second of writing, or when the log
+//! has grown large, and at shutdown), after which the log starts over. On open, the log's
+//! records that redb's durable state lacks are applied again.
+
+mod log;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use redb::{
+    Database, Durability, ReadOnlyTable, ReadableDatabase as _, ReadableTable as _, Table,
+    TableDefinition,
+};
+
+use super::memory::first_unmet;
+use super::page::fill_page;
+use super::{
+    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites,
+};
+pub use log::LOG_NAME;
+use log::Log;
+
+const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("moraine_kv");
+/// The store's own bookkeeping, apart from the data.
+const META: TableDefinition<&str, u64> = TableDefinition::new("moraine_meta");
+/// The sequence number of the last commit group applied to the redb file.
+const APPLIED: &str = "applied_seq";
+
+/// File name of the store inside its data directory.
+pub const FILE_NAME: &str = "moraine.redb";
+
+const NAME: &str = "redb";
+
+/// Most commits one group holds.
+const MAX_GROUP: usize = 256;
+/// A group takes no more commits once it holds this many bytes.
+const MAX_GROUP_BYTES: usize = 64 << 20;
+/// A checkpoint follows as soon as the log holds this many bytes.
+const CHECKPOINT_LOG_BYTES: u64 = 64 << 20;
+
+/// Settings of the embedded store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedbOptions {
+    /// Memory redb may use to cache pages and buffer writes.
+    pub cache_bytes: usize,
+    /// A checkpoint follows at most this long after the first commit it covers: the longest
+    /// the commit log grows for, and so about the longest a replay after a crash takes to
+    /// read back.
+    pub checkpoint_every: Duration,
+}
+
+impl Default for RedbOptions {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 64 << 20,
+            checkpoint_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The redb backend.
+#[derive(Debug, Clone)]
+pub struct RedbBackend {
+    db: Arc<Database>,
+    path: PathBuf,
+    committer: Arc<Committer>,
+}
+
+impl RedbBackend {
+    /// Opens the store in directory `dir` with default options, creating the directory and
+    /// the file if missing.
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`] when the directory or file cannot be created or opened (for
+    /// example because another process holds it).
+    pub async fn open(dir: &Path) -> Result<Self, KvError> {
+        Self::open_with(dir, RedbOptions::default()).await
+    }
+
+    /// Opens the store in directory `dir` with `options`, applying what its commit log holds
+    /// beyond the file's durable state.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); [`KvError::Backend`] when the log cannot be read back.
+    pub async fn open_with(dir: &Path, options: RedbOptions) -> Result<Self, KvError> {
+        let dir = dir.to_owned();
+        blocking(move || {
+            std::fs::create_dir_all(&dir).map_err(|err| unavailable(&dir, &err))?;
+            let path = dir.join(FILE_NAME);
+            let db = Database::builder()
+                .set_cache_size(options.cache_bytes)
+                .create(&path)
+                .map_err(|err| unavailable(&path, &err))?;
+            let (mut log, applied, replayed) = recover(&db, &dir)?;
+            if replayed > 0 {
+                tracing::info!(
+                    records = replayed,
+                    applied,
+                    "replayed the commit log after an unclean stop"
+                );
+            }
+            log.reset().map_err(|err| unavailable(log.path(), &err))?;
+            let db = Arc::new(db);
+            let committer = Arc::new(Committer::start(
+                Arc::clone(&db),
+                log,
+                applied,
+                options.checkpoint_every,
+            )?);
+            Ok(Self {
+                db,
+                path,
+                committer,
+            })
+        })
+        .await
+    }
+
+    /// The store's file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Creates the tables if missing, opens the commit log in `dir` and applies, durably, the
+/// log's records that the file's durable state lacks. Returns the log, the sequence number of
+/// the last commit group the file holds, and how many records were applied.
+fn recover(db: &Database, dir: &Path) -> Result<(Log, u64, usize), KvError> {
+    let mut txn = db.begin_write().map_err(failed)?;
+    txn.set_durability(Durability::Immediate).map_err(failed)?;
+    let (log, applied, replayed) = {
+        let mut data = txn.open_table(DATA).map_err(failed)?;
+        let mut meta = txn.open_table(META).map_err(failed)?;
+        let durable = meta
+            .get(APPLIED)
+            .map_err(failed)?
+            .map_or(0, |seq| seq.value());
+        let mut applied = durable;
+        let mut replayed = 0;
+        let log = Log::open(dir, |record| {
+            if record.seq <= durable {
+                return Ok(());
+            }
+            for &(key, value) in &record.writes {
+                match value {
+                    Some(value) => data.insert(key, value).map(drop),
+                    None => data.remove(key).map(drop),
+                }
+                .map_err(std::io::Error::other)?;
+            }
+            applied = record.seq;
+            replayed += 1;
+            Ok::<_, std::io::Error>(())
+        })
+        .map_err(|err| unavailable(&dir.join(LOG_NAME), &err))?;
+        meta.insert(APPLIED, applied).map_err(failed)?;
+        (log, applied, replayed)
+    };
+    txn.commit().map_err(failed)?;
+    Ok((log, applied, replayed))
+}
+
+#[async_trait]
+impl KvBackend for RedbBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
+        let db = Arc::clone(&self.db);
+        blocking(move || {
+            let txn = db.begin_read().map_err(failed)?;
+            let table = txn.open_table(DATA).map_err(failed)?;
+            Ok(Arc::new(RedbSnapshot {
+                table: Arc::new(table),
+            }) as Arc<dyn KvSnapshot>)
+        })
+        .await
+    }
+
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
+        self.committer.commit(writes).await
+    }
+}
+
+/// A commit waiting for the writer thread.
+struct Request {
+    writes: Arc<StagedWrites>,
+    reply: tokio::sync::oneshot::Sender<Result<CommitOutcome, KvError>>,
+}
+
+impl Request {
+    fn bytes(&self) -> usize {
+        self.writes.bytes()
+    }
+
+    fn answer(self, outcome: Result<CommitOutcome, KvError>) {
+        // A caller that went away no longer needs the answer.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// The writer thread and its queue. Dropping the last handle closes the queue and waits for
+/// the thread, which checkpoints first, so that the file is released when the backend is.
+#[derive(Debug)]
+struct Committer {
+    queue: Mutex<Option<mpsc::Sender<Request>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set when the log or redb failed after a group was logged: what the file and the log
+    /// hold may then differ from what readers see, so nothing more is committed until the
+    /// store is opened again (which replays the log).
+    failed: Arc<AtomicBool>,
+}
+
+/// The writer thread's state.
+struct Writer {
+    db: Arc<Database>,
+    log: Log,
+    /// The sequence number of the last commit group logged.
+    seq: u64,
+    /// When the first commit not yet covered by a checkpoint was applied.
+    dirty_since: Option<Instant>,
+    checkpoint_every: Duration,
+    failed: Arc<AtomicBool>,
+}
+
+impl Committer {
+    fn start(
+        db: Arc<Database>,
+        log: Log,
+        applied: u64,
+        checkpoint_every: Duration,
+    ) -> Result<Self, KvError> {
+        let (queue, requests) = mpsc::channel::<Request>();
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut writer = Writer {
+            db,
+            log,
+            seq: applied,
+            dirty_since: None,
+            checkpoint_every,
+            failed: Arc::clone(&failed),
+        };
+        let thread = std::thread::Builder::new()
+            .name("moraine-redb-writer".into())
+            .spawn(move || writer.run(&requests))
+            .map_err(|err| KvError::Backend {
+                backend: NAME,
+                reason: format!("cannot start the writer thread: {err}"),
+            })?;
+        Ok(Self {
+            queue: Mutex::new(Some(queue)),
+            thread: Mutex::new(Some(thread)),
+            failed,
+        })
+    }
+
+    async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(stopped());
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let sent = self
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|queue| queue.send(Request { writes, reply }).is_ok());
+        if !sent {
+            return Err(closing());
+        }
+        // The writer answers every request it takes; a dropped answer means it died.
+        answer.await.unwrap_or_else(|_| {
+            Ok(CommitOutcome::Unknown {
+                reason: "the writer thread stopped while committing".into(),
+            })
+        })
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        drop(
+            self.queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        if let Some(thread) = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Writer {
+    fn run(&mut self, requests: &mpsc::Receiver<Request>) {
+        loop {
+            let next = match self.dirty_since {
+                Some(since) => {
+                    let left = self.checkpoint_every.saturating_sub(since.elapsed());
+                    requests.recv_timeout(left)
+                }
+                None => requests
+                    .recv()
+                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            };
+            match next {
+                Ok(first) => {
+                    let mut bytes = first.bytes();
+                    let mut group = vec![first];
+                    while group.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+                        let Ok(next) = requests.try_recv() else { break };
+                        bytes += next.bytes();
+                        group.push(next);
+                    }
+                    self.commit_group(group);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => self.checkpoint(),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.checkpoint();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Makes everything applied so far durable in the redb file, and empties the log.
+    fn checkpoint(&mut self) {
+        if self.dirty_since.is_none() || self.failed.load(Ordering::Acquire) {
+            return;
+        }
+        let done = self
+            .db
+            .begin_write()
+            .map_err(redb::Error::from)
+            .and_then(|mut txn| {
+                txn.set_durability(Durability::Immediate)
+                    .map_err(redb::Error::from)?;
+                txn.commit().map_err(redb::Error::from)
+            });
+        match done {
+            Ok(()) => {
+                self.dirty_since = None;
+                if let Err(err) = self.log.reset() {
+                    // The log's records are redundant now; they are skipped on replay.
+                    tracing::warn!(%err, "the commit log could not be emptied after a checkpoint");
+                }
+            }
+            Err(err) => tracing::warn!(%err, "checkpoint failed; the commit log keeps the commits"),
+        }
+    }
+
+    /// Commits a group: each request checked and applied in turn in one redb transaction, the
+    /// accepted ones logged durably in one record, then the transaction committed (durably,
+    /// when a checkpoint is due) and every accepted request acknowledged.
+    fn commit_group(&mut self, group: Vec<Request>) {
+        if self.failed.load(Ordering::Acquire) {
+            for request in group {
+                request.answer(Err(stopped()));
+            }
+            return;
+        }
+        let seq = self.seq + 1;
+        let mut pending = group.into_iter();
+        let mut accepted: Vec<Request> = Vec::new();
+        let prepared = (|| -> Result<redb::WriteTransaction, KvError> {
+            let txn = self.db.begin_write().map_err(failed)?;
+            {
+                let mut table = txn.open_table(DATA).map_err(failed)?;
+                for request in pending.by_ref() {
+                    match apply(&mut table, &request.writes) {
+                        Ok(None) => accepted.push(request),
+                        Ok(Some(conflict)) => {
+                            request.answer(Ok(CommitOutcome::Conflict(conflict)));
+                        }
+                        Err(err) => {
+                            request.answer(Err(err.clone()));
+                            return Err(err);
+                        }
+                    }
+                }
+                let mut meta = txn.open_table(META).map_err(failed)?;
+                meta.insert(APPLIED, seq).map_err(failed)?;
+            }
+            Ok(txn)
+        })();
+        let mut txn = match prepared {
+            Ok(txn) => txn,
+            Err(err) => {
+                // The transaction was dropped, which aborts it: nothing of the group was written.
+                for request in accepted.into_iter().chain(pending) {
+                    request.answer(Err(err.clone()));
+                }
+                return;
+            }
+        };
+        if accepted.is_empty() {
+            return;
+        }
+        // Durable first: from here on the group will be in the store after any crash.
+        if let Err(err) = self
+            .log
+            .append(seq, &accepted.iter().map(|r| r.writes.as_ref()))
+        {
+            self.stop(accepted, &format!("writing the commit log failed: {err}"));
+            return;
+        }
+        self.seq = seq;
+        let due = self
+            .dirty_since
+            .is_some_and(|since| since.elapsed() >= self.checkpoint_every)
+            || self.log.len() >= CHECKPOINT_LOG_BYTES;
+        let durability = if due {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        if let Err(err) = txn
+            .set_durability(durability)
+            .map_err(redb::Error::from)
+            .and_then(|()| txn.commit().map_err(redb::Error::from))
+        {
+            self.stop(accepted, &format!("applying a logged commit failed: {err}"));
+            return;
+        }
+        if due {
+            self.dirty_since = None;
+            if let Err(err) = self.log.reset() {
+                tracing::warn!(%err, "the commit log could not be emptied after a checkpoint");
+            }
+        } else {
+            self.dirty_since.get_or_insert_with(Instant::now);
+        }
+        for request in accepted {
+            request.answer(Ok(CommitOutcome::Committed));
+        }
+    }
+
+    /// After a failure past the log write: the group's outcome is unknown (the log may hold
+    /// it; opening the store again applies it), and nothing more is committed.
+    fn stop(&self, group: Vec<Request>, reason: &str) {
+        tracing::error!(
+            reason,
+            "the embedded store stops committing; restart the server"
+        );
+        self.failed.store(true, Ordering::Release);
+        for request in group {
+            request.answer(Ok(CommitOutcome::Unknown {
+                reason: reason.to_owned(),
+            }));
+        }
+    }
+}
+
+/// Checks one request's requirements against the table as the group left it, then applies
+/// its writes. `Ok(Some(conflict))` wrote nothing.
+fn apply(
+    table: &mut Table<'_, &'static [u8], &'static [u8]>,
+    writes: &StagedWrites,
+) -> Result<Option<super::Conflict>, KvError> {
+    let mut lookup_error = None;
+    let unmet = first_unmet(writes, |key| match table.get(key) {
+        Ok(value) => value.is_some(),
+        Err(err) => {
+            lookup_error.get_or_insert(err);
+            false
+        }
+    });
+    if let Some(err) = lookup_error {
+        return Err(failed(err));
+    }
+    if unmet.is_some() {
+        return Ok(unmet);
+    }
+    for (key, staged) in writes.iter() {
+        match &staged.write {
+            Some(Some(value)) => {
+                table.insert(key.as_ref(), value.as_ref()).map_err(failed)?;
+            }
+            Some(None) => {
+                table.remove(key.as_ref()).map_err(failed)?;
+            }
+            None => {}
+        }
+    }
+    Ok(None)
+}
+
+struct RedbSnapshot {
+    table: Arc<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+}
+
+fn page_of(
+    table: &ReadOnlyTable<&'static [u8], &'static [u8]>,
+    range: &KeyRange,
+    page: PageSize,
+) -> Result<Page, KvError> {
+    if range.is_empty() {
+        return Ok(Page::exhausted_empty());
+    }
+    let items = table
+        .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
+        .map_err(failed)?
+        .map(|item| item.map_err(failed));
+    fill_page(items, page.at_least_one(), |out, (key, value)| {
+        out.push(key.value(), value.value());
+    })
+}
+
+#[async_trait]
+impl KvSnapshot for RedbSnapshot {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        let table = Arc::clone(&self.table);
+        let key = key.to_vec();
+        blocking(move || {
+            Ok(table
+                .get(key.as_slice())
+                .map_err(failed)?
+                .map(|value| value.value().to_vec()))
+        })
+        .await
+    }
+
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        let table = Arc::clone(&self.table);
+        let keys = keys.to_vec();
+        blocking(move || {
+            keys.iter()
+                .map(|key| {
+                    Ok(table
+                        .get(key.as_slice())
+                        .map_err(failed)?
+                        .map(|value| value.value().to_vec()))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
+        let table = Arc::clone(&self.table);
+        let range = range.clone();
+        blocking(move || page_of(&table, &range, page)).await
+    }
+
+    async fn scan_pages(&self, ranges: &[KeyRange], page: PageSize) -> Result<Vec<Page>, KvError> {
+        let table = Arc::clone(&self.table);
+        let ranges = ranges.to_vec();
+        blocking(move || {
+            ranges
+                .iter()
+                .map(|range| page_of(&table, range, page))
+                .collect()
+        })
+        .await
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, KvError> + Send + 'static,
+) -> Result<T, KvError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| KvError::Backend {
+            backend: NAME,
+            reason: format!("blocking task failed: {err}"),
+        })?
+}
+
+fn failed(err: impl Into<redb::Error>) -> KvError {
+    KvError::Backend {
+        backend: NAME,
+        reason: err.into().to_string(),
+    }
+}
+
+fn stopped() -> KvError {
+    KvError::Unavailable {
+        backend: NAME,
+        reason: "the store stopped committing after a failure of its commit log or file; restart the server"
+            .into(),
+    }
+}
+
+fn closing() -> KvError {
+    KvError::Unavailable {
+        backend: NAME,
+        reason: "the store is closing".into(),
+    }
+}
+
+fn unavailable(path: &Path, err: &dyn std::fmt::Display) -> KvError {
+    KvError::Unavailable {
+        backend: NAME,
+        reason: format!("{}: {err}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{Conflict, WriteSet};
+
+    fn staged(build: impl FnOnce(&mut WriteSet)) -> Arc<StagedWrites> {
+        let mut writes = WriteSet::new();
+        build(&mut writes);
+        Arc::new(writes.into_staged().expect("staged"))
+    }
+
+    fn contents(db: &Database) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let txn = db.begin_read().expect("read");
+        let table = txn.open_table(DATA).expect("table");
+        table
+            .iter()
+            .expect("iter")
+            .map(|item| {
+                let (key, value) = item.expect("item");
+                (key.value().to_vec(), value.value().to_vec())
+            })
+            .collect()
+    }
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        items
+            .iter()
+            .map(|(key, value)| (key.as_bytes().to_vec(), value.as_bytes().to_vec()))
+            .collect()
+    }
+
+    /// A group's commits are checked one after another against what the ones before them
+    /// left, so a group ends as if they had been committed in turn.
+    #[test]
+    fn a_group_ends_as_its_commits_would_one_after_another() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = Arc::new(Database::create(dir.path().join(FILE_NAME)).expect("db"));
+        let (log, _, _) = recover(&db, dir.path()).expect("tables and log");
+        let mut writer = Writer {
+            db: Arc::clone(&db),
+            log,
+            seq: 0,
+            dirty_since: None,
+            checkpoint_every: Duration::from_hours(1),
+            failed: Arc::new(AtomicBool::new(false)),
+        };
+        let requests = [
+            staged(|w| {
+                w.insert(&b"k"[..], &b"first"[..]).put(&b"a"[..], &b"1"[..]);
+            }),
+            // The first commit's insert is seen: this one conflicts and writes nothing.
+            staged(|w| {
+                w.insert(&b"k"[..], &b"second"[..])
+                    .put(&b"b"[..], &b"2"[..]);
+            }),
+            // Requires what the first commit wrote, and deletes it.
+            staged(|w| {
+                w.require_present(&b"a"[..])
+                    .delete(&b"a"[..])
+                    .put(&b"c"[..], &b"3"[..]);
+            }),
+            // Requires what the third deleted.
+            staged(|w| {
+                w.require_present(&b"a"[..]).put(&b"d"[..], &b"4"[..]);
+            }),
+        ];
+        let mut answers = Vec::new();
+        let group = requests
+            .into_iter()
+            .map(|writes| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                answers.push(answer);
+                Request { writes, reply }
+            })
+            .collect();
+        writer.commit_group(group);
+        let outcomes: Vec<_> = answers
+            .into_iter()
+            .map(|mut answer| answer.try_recv().expect("answered").expect("no error"))
+            .collect();
+        assert_eq!(
+            outcomes,
+            vec![
+                CommitOutcome::Committed,
+                CommitOutcome::Conflict(Conflict::AlreadyExists { key: b"k".to_vec() }),
+                CommitOutcome::Committed,
+                CommitOutcome::Conflict(Conflict::Missing { key: b"a".to_vec() }),
+            ]
+        );
+        assert_eq!(contents(&db), pairs(&[("c", "3"), ("k", "first")]));
+        // The group is in the log as one record, holding only the accepted commits' writes.
+        drop(writer);
+        let (_, records) = log::tests::read(dir.path());
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].0, 1);
+        assert_eq!(
+            records[0].1,
+            vec![
+                (b"a".to_vec(), Some(b"1".to_vec())),
+                (b"k".to_vec(), Some(b"first".to_vec())),
+                (b"a".to_vec(), None),
+                (b"c".to_vec(), Some(b"3".to_vec())),
+            ]
+        );
+    }
+
+    /// What the log holds beyond the file's durable state is applied on open; records the
+    /// file already holds are not applied twice.
+    #[tokio::test]
+    async fn opening_replays_the_log_past_the_last_checkpoint() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let backend = RedbBackend::open(dir.path()).await.expect("open");
+            let writes = staged(|w| {
+                w.put(&b"kept"[..], &b"1"[..]);
+            });
+            assert_eq!(
+                backend.commit(writes).await.expect("commit"),
+                CommitOutcome::Committed
+            );
+            // Dropping the backend checkpoints: the file holds group 1, the log is empty.
+        }
+        {
+            let (mut log, records) = log::tests::read(dir.path());
+            assert!(records.is_empty(), "a clean stop leaves an empty log");
+            // What a crash leaves: group 1 again (its log not yet emptied), and group 2,
+            // acknowledged but not checkpointed.
+            let stale = staged(|w| {
+                w.put(&b"kept"[..], &b"stale"[..])
+                    .put(&b"gone"[..], &b"x"[..]);
+            });
+            log.append(1, &std::iter::once(stale.as_ref()))
+                .expect("append");
+            let fresh = staged(|w| {
+                w.put(&b"new"[..], &b"2"[..]).delete(&b"kept"[..]);
+            });
+            log.append(2, &std::iter::once(fresh.as_ref()))
+                .expect("append");
+        }
+        let backend = RedbBackend::open(dir.path()).await.expect("reopen");
+        assert_eq!(contents(&backend.db), pairs(&[("new", "2")]));
+        // The replay was made durable and the log emptied; the next group follows on.
+        let logged = std::fs::metadata(dir.path().join(LOG_NAME)).expect("log");
+        assert_eq!(logged.len(), 0);
+        let writes = staged(|w| {
+            w.put(&b"later"[..], &b"3"[..]);
+        });
+        assert_eq!(
+            backend.commit(writes).await.expect("commit"),
+            CommitOutcome::Committed
+        );
+        assert_eq!(
+            contents(&backend.db),
+            pairs(&[("later", "3"), ("new", "2")])
+        );
+    }
+}
