@@ -37,12 +37,6 @@ golden:
 bench:
     cargo bench
 
-# DuckLake's mapping loads through Flight SQL against their transport anchors, on a release
-# build (needs the Python suite's venv: run ./integration/run-tests once).
-bench-flight MAPPINGS="1000000":
-    cargo build --release --locked --bin moraine
-    ~/.cache/moraine/venv/bin/python benches/flight_load.py --binary target/release/moraine --mappings {{MAPPINGS}}
-
 # Writes benches/results/compare-SCALE.{json,md} from a release build; builds its own venv
 # (benches/compare-env); needs initdb/pg_ctl/postgres on PATH for the PostgreSQL column; never
 # run by the test suite. (SCALE: small = 10k mappings, medium = 100k, large = 1M.)

@@ -5,15 +5,20 @@
 //! ```text
 //!   Flight SQL clients (ADBC, pyarrow.flight)
 //!        │ gRPC                                   flight/   protocol glue, tickets, status map
-//!   ┌────┴──────────────┐
+//!   ┌────┴──────────────┐                         txn       transactions, sessions, expiry
 //!   query/ (DataFusion)  write/ (stage, fold,     query/    providers, pushdown, scans
 //!   streams projections  validate, commit)        write/    the staged write path
-//!   └────┬──────────────┘                         catalog/  snapshot reads of records
-//!        │ model::{ColumnMapping, DataFile}       model/    pure domain, no I/O
+//!   └────┬──────────────┘                         import    DuckLake commit dumps, offline
+//!        │                                        catalog/  snapshot reads of records
+//!        │ model::{ColumnMapping, DataFile}       model/    pure domain, column tables
+//!        │ batch: the tables as Arrow             batch     schemas, builders, typed columns
 //!        │ codec: keys and values as bytes        codec/    the only code that knows bytes
 //!        │ kv::Store: snapshots, atomic commits   kv/       backend-neutral; limits enforced here
-//!   memory │ redb (embedded default) │ TiKV
+//!   memory │ redb (embedded default, commit log, group commit) │ TiKV
 //! ```
+//!
+//! The embedded store acknowledges a commit once its group is in the commit log and synced;
+//! redb's file is synced at checkpoints, and the log is replayed on open (see [`kv::redb`]).
 //!
 //! # Key layout
 //!
@@ -25,6 +30,12 @@
 //! |-------------|----------|----------------------------|----------------------------|
 //! | `mapping`   | current  | `(table_id, mapping_id)`   | `MappingValue` (+ names)   |
 //! | `data_file` | current  | `(table_id, data_file_id)` | `DataFileValue`            |
+//! | `mapping_by_id`   | index | `(mapping_id, table_id)`   | empty                |
+//! | `data_file_by_id` | index | `(data_file_id, table_id)` | empty                |
+//!
+//! The index subspace finds a row by its id alone (DuckLake's `mapping_id >= cursor`, its
+//! `data_file_id IN (…)`) with one range read, and keeps ids unique across tables. Each row
+//! and its index entry are written in the same commit.
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
 

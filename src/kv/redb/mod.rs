@@ -9,10 +9,12 @@
 //! commits before it in the group leave, so the outcome is the same as committing them one
 //! after another: a commit whose requirement fails is a conflict and writes nothing, the others
 //! land together. The group is then appended to the commit log (`log.rs`) and synced, and only
-//! then applied to redb and acknowledged: a commit is durable when it is acknowledged. redb's
-//! own commits are not synced, except at checkpoints (every second of writing, or when the log
-//! has grown large, and at shutdown), after which the log starts over. On open, the log's
-//! records that redb's durable state lacks are applied again.
+//! then acknowledged: a commit is durable when it is acknowledged. Its writes are applied to
+//! redb after the acknowledgement; until they are, snapshots read the file through them, so
+//! an acknowledged commit is visible at once. redb's own commits are not synced, except at
+//! checkpoints (every second of writing, or when the log has grown large, and at shutdown),
+//! after which the log starts over. On open, the log's records that redb's durable state lacks
+//! are applied again.
 
 mod log;
 
@@ -29,6 +31,7 @@ use redb::{
 };
 
 use super::memory::first_unmet;
+use super::overlay::OverlaySnapshot;
 use super::page::fill_page;
 use super::{
     CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites,
@@ -185,12 +188,22 @@ impl KvBackend for RedbBackend {
 
     async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
         let db = Arc::clone(&self.db);
+        let unapplied = Arc::clone(&self.committer.unapplied);
         blocking(move || {
-            let txn = db.begin_read().map_err(failed)?;
+            // Under the lock, so that the file and the writes not yet in it are read at the
+            // same point: a group applied meanwhile is then seen twice, which is harmless,
+            // never not at all.
+            let (txn, unapplied) = {
+                let unapplied = lock(&unapplied);
+                (db.begin_read().map_err(failed)?, unapplied.clone())
+            };
             let table = txn.open_table(DATA).map_err(failed)?;
-            Ok(Arc::new(RedbSnapshot {
+            let file: Arc<dyn KvSnapshot> = Arc::new(RedbSnapshot {
                 table: Arc::new(table),
-            }) as Arc<dyn KvSnapshot>)
+            });
+            Ok(unapplied.into_iter().fold(file, |base, writes| {
+                Arc::new(OverlaySnapshot { base, writes }) as Arc<dyn KvSnapshot>
+            }))
         })
         .await
     }
@@ -227,7 +240,13 @@ struct Committer {
     /// hold may then differ from what readers see, so nothing more is committed until the
     /// store is opened again (which replays the log).
     failed: Arc<AtomicBool>,
+    /// The writes of the commit group acknowledged but not yet applied to the file, in commit
+    /// order. A snapshot reads the file through them, so an acknowledged commit is visible at
+    /// once.
+    unapplied: Unapplied,
 }
+
+type Unapplied = Arc<Mutex<Vec<Arc<StagedWrites>>>>;
 
 /// The writer thread's state.
 struct Writer {
@@ -239,6 +258,7 @@ struct Writer {
     dirty_since: Option<Instant>,
     checkpoint_every: Duration,
     failed: Arc<AtomicBool>,
+    unapplied: Unapplied,
 }
 
 impl Committer {
@@ -250,6 +270,7 @@ impl Committer {
     ) -> Result<Self, KvError> {
         let (queue, requests) = mpsc::channel::<Request>();
         let failed = Arc::new(AtomicBool::new(false));
+        let unapplied = Unapplied::default();
         let mut writer = Writer {
             db,
             log,
@@ -257,6 +278,7 @@ impl Committer {
             dirty_since: None,
             checkpoint_every,
             failed: Arc::clone(&failed),
+            unapplied: Arc::clone(&unapplied),
         };
         let thread = std::thread::Builder::new()
             .name("moraine-redb-writer".into())
@@ -269,6 +291,7 @@ impl Committer {
             queue: Mutex::new(Some(queue)),
             thread: Mutex::new(Some(thread)),
             failed,
+            unapplied,
         })
     }
 
@@ -372,9 +395,11 @@ impl Writer {
         }
     }
 
-    /// Commits a group: each request checked and applied in turn in one redb transaction, the
-    /// accepted ones logged durably in one record, then the transaction committed (durably,
-    /// when a checkpoint is due) and every accepted request acknowledged.
+    /// Commits a group: each request checked in turn against the file and the requests
+    /// accepted before it, the accepted ones logged durably in one record, made visible to
+    /// readers and acknowledged; then their writes are applied to the file (durably, when a
+    /// checkpoint is due). Acknowledging before applying keeps redb's B-tree work off the
+    /// commit's latency; readers see the group through [`Committer::unapplied`] meanwhile.
     fn commit_group(&mut self, group: Vec<Request>) {
         if self.failed.load(Ordering::Acquire) {
             for request in group {
@@ -383,39 +408,41 @@ impl Writer {
             return;
         }
         let seq = self.seq + 1;
-        let mut pending = group.into_iter();
-        let mut accepted: Vec<Request> = Vec::new();
-        let prepared = (|| -> Result<redb::WriteTransaction, KvError> {
-            let txn = self.db.begin_write().map_err(failed)?;
-            {
-                let mut table = txn.open_table(DATA).map_err(failed)?;
-                for request in pending.by_ref() {
-                    match apply(&mut table, &request.writes) {
-                        Ok(None) => accepted.push(request),
-                        Ok(Some(conflict)) => {
-                            request.answer(Ok(CommitOutcome::Conflict(conflict)));
-                        }
-                        Err(err) => {
-                            request.answer(Err(err.clone()));
-                            return Err(err);
-                        }
-                    }
-                }
-                let mut meta = txn.open_table(META).map_err(failed)?;
-                meta.insert(APPLIED, seq).map_err(failed)?;
-            }
-            Ok(txn)
-        })();
-        let mut txn = match prepared {
+        let txn = match self.db.begin_write() {
             Ok(txn) => txn,
             Err(err) => {
-                // The transaction was dropped, which aborts it: nothing of the group was written.
-                for request in accepted.into_iter().chain(pending) {
+                let err = failed(err);
+                for request in group {
                     request.answer(Err(err.clone()));
                 }
                 return;
             }
         };
+        let mut accepted: Vec<Request> = Vec::new();
+        let checked = txn.open_table(DATA).map_err(failed).and_then(|table| {
+            let mut requests = group.into_iter();
+            for request in requests.by_ref() {
+                match unmet(&table, &accepted, &request.writes) {
+                    Ok(None) => accepted.push(request),
+                    Ok(Some(conflict)) => request.answer(Ok(CommitOutcome::Conflict(conflict))),
+                    Err(err) => {
+                        request.answer(Err(err.clone()));
+                        for request in requests {
+                            request.answer(Err(err.clone()));
+                        }
+                        return Err(err);
+                    }
+                }
+            }
+            Ok(())
+        });
+        if let Err(err) = checked {
+            // Nothing of the group was written; dropping the transaction aborts it.
+            for request in accepted {
+                request.answer(Err(err.clone()));
+            }
+            return;
+        }
         if accepted.is_empty() {
             return;
         }
@@ -428,23 +455,26 @@ impl Writer {
             return;
         }
         self.seq = seq;
+        let writes: Vec<Arc<StagedWrites>> =
+            accepted.iter().map(|r| Arc::clone(&r.writes)).collect();
+        lock(&self.unapplied).extend(writes.iter().cloned());
+        for request in accepted {
+            request.answer(Ok(CommitOutcome::Committed));
+        }
         let due = self
             .dirty_since
             .is_some_and(|since| since.elapsed() >= self.checkpoint_every)
             || self.log.len() >= CHECKPOINT_LOG_BYTES;
-        let durability = if due {
-            Durability::Immediate
-        } else {
-            Durability::None
-        };
-        if let Err(err) = txn
-            .set_durability(durability)
-            .map_err(redb::Error::from)
-            .and_then(|()| txn.commit().map_err(redb::Error::from))
-        {
-            self.stop(accepted, &format!("applying a logged commit failed: {err}"));
+        if let Err(err) = apply(txn, seq, &writes, due) {
+            // Acknowledged and logged: readers keep seeing the group, and the next open
+            // applies it from the log.
+            self.stop(
+                Vec::new(),
+                &format!("applying a logged commit failed: {err}"),
+            );
             return;
         }
+        lock(&self.unapplied).clear();
         if due {
             self.dirty_since = None;
             if let Err(err) = self.log.reset() {
@@ -452,9 +482,6 @@ impl Writer {
             }
         } else {
             self.dirty_since.get_or_insert_with(Instant::now);
-        }
-        for request in accepted {
-            request.answer(Ok(CommitOutcome::Committed));
         }
     }
 
@@ -474,38 +501,67 @@ impl Writer {
     }
 }
 
-/// Checks one request's requirements against the table as the group left it, then applies
-/// its writes. `Ok(Some(conflict))` wrote nothing.
-fn apply(
-    table: &mut Table<'_, &'static [u8], &'static [u8]>,
+/// The first requirement of `writes` that the file, as the `accepted` requests before it in
+/// the group leave it, does not meet.
+fn unmet(
+    table: &Table<'_, &'static [u8], &'static [u8]>,
+    accepted: &[Request],
     writes: &StagedWrites,
 ) -> Result<Option<super::Conflict>, KvError> {
     let mut lookup_error = None;
-    let unmet = first_unmet(writes, |key| match table.get(key) {
-        Ok(value) => value.is_some(),
-        Err(err) => {
-            lookup_error.get_or_insert(err);
-            false
+    let unmet = first_unmet(writes, |key| {
+        if let Some(written) = accepted.iter().rev().find_map(|r| r.writes.read(key)) {
+            return written.is_some();
+        }
+        match table.get(key) {
+            Ok(value) => value.is_some(),
+            Err(err) => {
+                lookup_error.get_or_insert(err);
+                false
+            }
         }
     });
-    if let Some(err) = lookup_error {
-        return Err(failed(err));
+    match lookup_error {
+        Some(err) => Err(failed(err)),
+        None => Ok(unmet),
     }
-    if unmet.is_some() {
-        return Ok(unmet);
-    }
-    for (key, staged) in writes.iter() {
-        match &staged.write {
-            Some(Some(value)) => {
-                table.insert(key.as_ref(), value.as_ref()).map_err(failed)?;
+}
+
+/// Applies a logged group's writes, in order, and commits them with the group's sequence
+/// number: durably when `durable`, else to be made durable by a later checkpoint (the log
+/// holds them until then).
+fn apply(
+    mut txn: redb::WriteTransaction,
+    seq: u64,
+    writes: &[Arc<StagedWrites>],
+    durable: bool,
+) -> Result<(), redb::Error> {
+    {
+        let mut table = txn.open_table(DATA)?;
+        for (key, staged) in writes.iter().flat_map(|writes| writes.iter()) {
+            match &staged.write {
+                Some(Some(value)) => {
+                    table.insert(key.as_ref(), value.as_ref())?;
+                }
+                Some(None) => {
+                    table.remove(key.as_ref())?;
+                }
+                None => {}
             }
-            Some(None) => {
-                table.remove(key.as_ref()).map_err(failed)?;
-            }
-            None => {}
         }
+        txn.open_table(META)?.insert(APPLIED, seq)?;
     }
-    Ok(None)
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    })?;
+    txn.commit()?;
+    Ok(())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 struct RedbSnapshot {
@@ -663,6 +719,7 @@ mod tests {
             dirty_since: None,
             checkpoint_every: Duration::from_hours(1),
             failed: Arc::new(AtomicBool::new(false)),
+            unapplied: Unapplied::default(),
         };
         let requests = [
             staged(|w| {
@@ -724,6 +781,41 @@ mod tests {
         );
     }
 
+    /// A group is acknowledged before its writes reach the file; a snapshot taken meanwhile
+    /// reads the file through them, in commit order.
+    #[tokio::test]
+    async fn a_snapshot_sees_acknowledged_writes_not_yet_in_the_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let backend = RedbBackend::open(dir.path()).await.expect("open");
+        // The file holds a=1, b=2 (written directly: the writer thread stays idle).
+        let txn = backend.db.begin_write().expect("write");
+        {
+            let mut table = txn.open_table(DATA).expect("table");
+            table.insert(&b"a"[..], &b"1"[..]).expect("insert");
+            table.insert(&b"b"[..], &b"2"[..]).expect("insert");
+        }
+        txn.commit().expect("commit");
+        // Two commits of a group acknowledged, their apply still to come.
+        lock(&backend.committer.unapplied).extend([
+            staged(|w| {
+                w.put(&b"a"[..], &b"3"[..]).delete(&b"b"[..]);
+            }),
+            staged(|w| {
+                w.put(&b"a"[..], &b"5"[..]).put(&b"c"[..], &b"4"[..]);
+            }),
+        ]);
+        let snapshot = backend.snapshot().await.expect("snapshot");
+        assert_eq!(snapshot.get(b"a").await.expect("get"), Some(b"5".to_vec()));
+        assert_eq!(snapshot.get(b"b").await.expect("get"), None);
+        let page = snapshot
+            .scan_page(&KeyRange::new(vec![], vec![0xff]), PageSize::default())
+            .await
+            .expect("scan");
+        let seen: Vec<_> = page.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+        assert_eq!(seen, pairs(&[("a", "5"), ("c", "4")]));
+        assert_eq!(contents(&backend.db), pairs(&[("a", "1"), ("b", "2")]));
+    }
+
     /// What the log holds beyond the file's durable state is applied on open; records the
     /// file already holds are not applied twice.
     #[tokio::test]
@@ -769,6 +861,8 @@ mod tests {
             backend.commit(writes).await.expect("commit"),
             CommitOutcome::Committed
         );
+        drop(backend);
+        let backend = RedbBackend::open(dir.path()).await.expect("reopen");
         assert_eq!(
             contents(&backend.db),
             pairs(&[("later", "3"), ("new", "2")])
