@@ -6,6 +6,22 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use moraine::config::{Cli, Command};
 
+/// jemalloc, as TiKV and `InfluxDB` run it: glibc's allocator keeps the many small blocks of a
+/// large transaction's staged rows after they are freed (measured: 430 MiB still resident
+/// after a 300k-mapping load had committed, 90 MiB once trimmed by hand). jemalloc's
+/// background thread hands freed pages back to the OS within about a second
+/// ([`MALLOC_CONF`]), even while the server is idle.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings, read once at start-up, as the NUL-terminated `const char *` jemalloc
+/// looks up by this symbol name (a reference to a byte array is a plain pointer).
+// The one unsafe item of the crate: exporting a symbol for the allocator to read. It is
+// immutable, NUL-terminated and lives for the whole program.
+#[allow(unsafe_code)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
