@@ -57,8 +57,7 @@ impl KvSnapshot for OverlaySnapshot {
                 .writes
                 .written((Bound::Included(range.start.as_slice()), covered_end));
             let mut merged = merge(&base, written, base.len());
-            if merged.len() > page.rows {
-                merged.truncate(page.rows);
+            if merged.fit(page) {
                 return Ok(merged);
             }
             if !merged.is_empty() || exhausted {
@@ -136,6 +135,7 @@ mod tests {
         staged.delete(b(b"a"), &mut undo).expect("stage");
         staged.put(b(b"b"), b(b"new"), &mut undo).expect("stage");
         staged.delete(b(b"c"), &mut undo).expect("stage");
+        staged.put(b(b"d"), b(b"new"), &mut undo).expect("stage");
         staged
             .put(b(b"e"), b(b"changed"), &mut undo)
             .expect("stage");
@@ -146,26 +146,41 @@ mod tests {
             .await
             .expect("snapshot")
             .overlaid(Arc::new(staged));
-        // Pages of one pair force every page boundary through the merge.
-        let page = PageSize { rows: 1, bytes: 1 };
-        let got: Vec<(Vec<u8>, Vec<u8>)> = snapshot
-            .scan_pages(KeyRange::new(b"a".to_vec(), b"zz".to_vec()), page)
-            .map_ok(|p| p.to_pairs())
-            .try_concat()
-            .await
-            .expect("scan")
-            .into_iter()
-            .map(|KvPair { key, value }| (key, value))
-            .collect();
-        assert_eq!(
-            got,
-            pairs(&[
-                (b"b", b"new"),
-                (b"e", b"changed"),
-                (b"g", b"base"),
-                (b"z", b"after")
-            ])
-        );
+        // Pages of one pair, bounded by rows or by bytes, force every page boundary through
+        // the merge; merged pages keep to the bound as a plain scan's do.
+        for page in [
+            PageSize {
+                rows: 1,
+                bytes: usize::MAX,
+            },
+            PageSize {
+                rows: 100,
+                bytes: 1,
+            },
+        ] {
+            let pages: Vec<Vec<KvPair>> = snapshot
+                .scan_pages(KeyRange::new(b"a".to_vec(), b"zz".to_vec()), page)
+                .map_ok(|p| p.to_pairs())
+                .try_collect()
+                .await
+                .expect("scan");
+            assert!(pages.iter().all(|p| p.len() == 1), "{page:?}: {pages:?}");
+            let got: Vec<(Vec<u8>, Vec<u8>)> = pages
+                .into_iter()
+                .flatten()
+                .map(|KvPair { key, value }| (key, value))
+                .collect();
+            assert_eq!(
+                got,
+                pairs(&[
+                    (b"b", b"new"),
+                    (b"d", b"new"),
+                    (b"e", b"changed"),
+                    (b"g", b"base"),
+                    (b"z", b"after")
+                ])
+            );
+        }
         assert_eq!(snapshot.get(b"a").await.expect("get"), None);
         assert_eq!(
             snapshot

@@ -22,7 +22,9 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::stream::{
+    RecordBatchReceiverStreamBuilder, RecordBatchStreamAdapter,
+};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
@@ -514,12 +516,35 @@ impl ExecutionPlan for CatalogScanExec {
                 }
             }
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            batches,
-        )))
+        if self.partitions > 1 {
+            // DataFusion polls the partitions on tasks of their own already.
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                batches,
+            )));
+        }
+        // One partition (an ordered read): the records are decoded on a task of their own,
+        // up to `DECODED_AHEAD` batches ahead, while the consumer encodes and sends the ones
+        // before; otherwise the one task polling the response would do both in turn.
+        let mut ahead =
+            RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), DECODED_AHEAD);
+        let sender = ahead.tx();
+        ahead.spawn(async move {
+            let mut batches = std::pin::pin!(batches);
+            while let Some(batch) = batches.next().await {
+                let failed = batch.is_err();
+                if sender.send(batch).await.is_err() || failed {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        Ok(ahead.build())
     }
 }
+
+/// How many batches an ordered scan decodes ahead of its consumer.
+const DECODED_AHEAD: usize = 2;
 
 /// The id ranges of a set, as the catalog takes them.
 #[must_use]
