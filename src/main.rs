@@ -22,8 +22,12 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Stack of each runtime thread. Parts of the query engine walk expression trees recursively;
+/// the depth of client expressions is bounded (`query::limits`), and this leaves that bound a
+/// wide margin, also in debug builds. Only the pages a thread touches are ever resident.
+const THREAD_STACK_BYTES: usize = 8 << 20;
+
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -33,10 +37,23 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Serve(config) => moraine::server::serve(config).await,
-        Command::Import(config) => moraine::server::import(config).await,
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(THREAD_STACK_BYTES)
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!("cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
     };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(config) => moraine::server::serve(config).await,
+            Command::Import(config) => moraine::server::import(config).await,
+        }
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -377,6 +377,32 @@ def refused_statements(tmp: Path):
     ]
 
 
+def test_deep_expressions_are_refused_and_the_server_goes_on(scratch, expected):
+    """Left-deep chains of a few thousand terms once overflowed a worker's stack inside the
+    query engine and aborted the whole process. They are refused, naming the limit, with
+    nothing staged; the server and the connection go on."""
+    deep = [
+        "SELECT " + "+".join(["1"] * 2000),
+        "SELECT " + "+".join(["(1)"] * 20000),
+        "DELETE FROM ducklake_data_file WHERE "
+        + " OR ".join(f"data_file_id = {i}" for i in range(3000)),
+    ]
+    for sql in deep:
+        with scratch.cursor() as cur:
+            with pytest.raises(flightsql.ProgrammingError) as e:
+                cur.execute(sql)
+                cur.fetch_arrow_table()
+        assert e.value.status_code == AdbcStatusCode.INVALID_ARGUMENT, repr(e.value)
+        assert "256 tokens" in str(e.value), str(e.value)
+    # Just within the limit (SELECT, 127 terms, 126 operators, AS, n: 256 tokens), the same
+    # shape runs, on the debug build's larger stack frames too.
+    got = query(scratch, "SELECT " + "+".join(["1"] * 127) + " AS n")
+    assert got.column("n").to_pylist() == [127]
+    for table in TABLES:
+        got = query(scratch, f"SELECT * FROM {table}")
+        assert_same_rows(rows(got), expected[table], f"{table} after the refused statements")
+
+
 def test_ddl_copy_and_foreign_updates_are_refused(scratch, expected, tmp_path):
     for sql, out, errors, status in refused_statements(tmp_path):
         with scratch.cursor() as cur:

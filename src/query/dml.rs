@@ -270,6 +270,7 @@ impl QueryEngine {
     /// # Errors
     /// For a write statement of a shape not supported, or to an unknown table.
     pub fn write_statement(&self, sql: &str) -> Result<Option<WriteStatement>> {
+        super::limits::check_nesting(sql)?;
         let dialect = self.base.config().options().sql_parser.dialect;
         let Ok(statement) = self.base.sql_to_statement(sql, &dialect) else {
             return Ok(None);

@@ -10,6 +10,7 @@
 
 pub mod arrow;
 pub mod dml;
+pub mod limits;
 pub mod load;
 pub mod provider;
 pub mod pushdown;
@@ -263,6 +264,7 @@ impl QueryEngine {
         {
             return Ok(planned);
         }
+        limits::check_nesting(sql)?;
         let state = &self.base;
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state
