@@ -901,24 +901,71 @@ async fn plain_upload(
     batches: Vec<RecordBatch>,
     last_metadata: Option<&'static [u8]>,
 ) -> Result<Vec<PutResult>, tonic::Status> {
-    let mut client = FlightServiceClient::new(server.channel().await);
+    send_upload(server, upload_messages(path, batches, last_metadata).await).await
+}
+
+/// The messages of a plain-Flight upload of `batches` to `path`: the schema, a message per
+/// batch, and a final metadata-only message with `last_metadata` when given.
+async fn upload_messages(
+    path: &str,
+    batches: Vec<RecordBatch>,
+    last_metadata: Option<&'static [u8]>,
+) -> Vec<FlightData> {
     let schema = batches[0].schema();
-    let data: Vec<FlightData> = arrow_flight::encode::FlightDataEncoderBuilder::new()
+    let mut messages: Vec<FlightData> = arrow_flight::encode::FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![path.into()])))
         .build(futures::stream::iter(batches.into_iter().map(Ok)))
         .try_collect()
         .await
         .expect("encode");
-    let mut messages = data;
     if let Some(metadata) = last_metadata {
         messages.push(FlightData {
             app_metadata: Bytes::from_static(metadata),
             ..FlightData::default()
         });
     }
+    messages
+}
+
+async fn send_upload(
+    server: &Server,
+    messages: Vec<FlightData>,
+) -> Result<Vec<PutResult>, tonic::Status> {
+    let mut client = FlightServiceClient::new(server.channel().await);
     let response = client.do_put(futures::stream::iter(messages)).await?;
     response.into_inner().try_collect().await
+}
+
+/// A record batch whose body is shorter than its header says (a client bug, or a hostile
+/// one) is refused as `INVALID_ARGUMENT` naming the body; the Arrow decoder, which slices the
+/// body where the header points, never sees it. Nothing is stored, and the next upload works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_body_is_cut_short_is_refused() {
+    let server = Server::empty(TxnConfig::default()).await;
+    let rows = registration(4, 100);
+    let whole = upload_messages(
+        "ducklake_mapping",
+        vec![mapping_load_batch(&rows)],
+        Some(b"commit"),
+    )
+    .await;
+    for keep in [0, 1, 8, 64] {
+        let mut messages = whole.clone();
+        let batch = &mut messages[1];
+        assert!(batch.data_body.len() > keep, "the batch has a body");
+        batch.data_body = batch.data_body.slice(..keep);
+        let err = send_upload(&server, messages)
+            .await
+            .expect_err("a cut body is refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert!(err.message().contains("body"), "{err}");
+        assert_eq!(server.rows().await, CatalogRows::default());
+    }
+    send_upload(&server, whole)
+        .await
+        .expect("the whole upload commits");
+    assert_eq!(server.rows().await.column_mappings, rows.column_mappings);
 }
 
 fn mapping_load_batch(rows: &CatalogRows) -> RecordBatch {

@@ -609,7 +609,12 @@ impl FlightSqlService for MoraineSqlService {
         let prepared = status(self.prepared.get(&handle))?;
         let batches: Vec<RecordBatch> =
             arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
-                request.into_inner().map_err(FlightError::from),
+                request
+                    .into_inner()
+                    .map_err(FlightError::from)
+                    .and_then(|message| {
+                        futures::future::ready(super::upload::checked_body(message))
+                    }),
             )
             .try_collect()
             .await

@@ -50,6 +50,50 @@ impl Tally {
     }
 }
 
+/// `message`, once its body is found to hold every buffer its IPC header places in it. The
+/// Arrow decoder slices the body where the header points and panics past its end; a client's
+/// header is not to be trusted that far.
+///
+/// # Errors
+/// [`FlightError::DecodeError`] naming the body's length and the buffer past it, or for a
+/// header that does not parse.
+pub(crate) fn checked_body(message: FlightData) -> Result<FlightData, FlightError> {
+    use datafusion::arrow::ipc::{MessageHeader, root_as_message};
+    if message.data_header.is_empty() {
+        return Ok(message);
+    }
+    let header = root_as_message(&message.data_header).map_err(|err| {
+        FlightError::DecodeError(format!("an Arrow IPC message header does not parse: {err}"))
+    })?;
+    let batch = match header.header_type() {
+        MessageHeader::RecordBatch => header.header_as_record_batch(),
+        MessageHeader::DictionaryBatch => header
+            .header_as_dictionary_batch()
+            .and_then(|dictionary| dictionary.data()),
+        _ => None,
+    };
+    let body = message.data_body.len();
+    for buffer in batch
+        .and_then(|batch| batch.buffers())
+        .into_iter()
+        .flatten()
+    {
+        let end = usize::try_from(buffer.offset())
+            .ok()
+            .zip(usize::try_from(buffer.length()).ok())
+            .and_then(|(offset, length)| offset.checked_add(length));
+        if end.is_none_or(|end| end > body) {
+            return Err(FlightError::DecodeError(format!(
+                "an Arrow IPC message body of {body} bytes lacks a buffer its header places at \
+                 offset {} with length {}: the body is cut short or the header is wrong",
+                buffer.offset(),
+                buffer.length()
+            )));
+        }
+    }
+    Ok(message)
+}
+
 impl Upload {
     /// Reads `stream`.
     pub(crate) fn new(
@@ -63,6 +107,7 @@ impl Upload {
                 *seen.lock().unwrap_or_else(PoisonError::into_inner) = message.app_metadata.clone();
             })
             .try_filter(|message| futures::future::ready(!message.data_header.is_empty()))
+            .and_then(|message| futures::future::ready(checked_body(message)))
             .boxed();
         Self {
             batches: FlightRecordBatchStream::new_from_flight_data(data),
