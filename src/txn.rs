@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,8 @@ const MAX_REMEMBERED: usize = 100_000;
 
 struct Open {
     txn: Arc<tokio::sync::Mutex<Txn>>,
+    /// The transaction's [`Txn::discarded`], settable without its lock.
+    discarded: Arc<AtomicBool>,
     last_used: Instant,
     session: Option<String>,
 }
@@ -151,11 +154,8 @@ impl Registry {
         let idle = self.open.get(id).is_some_and(|open| {
             now.duration_since(open.last_used) >= timeout && open.txn.try_lock().is_ok()
         });
-        if idle
-            && let Some(open) = self.end(id, Ending::Expired, now)
-            && let Ok(mut txn) = open.txn.try_lock()
-        {
-            txn.discard();
+        if idle && let Some(open) = self.end(id, Ending::Expired, now) {
+            open.discard();
         }
         idle
     }
@@ -178,12 +178,32 @@ struct Txn {
     /// Set once committed, rolled back or expired: a call that was waiting on the lock must
     /// not use it.
     done: bool,
+    /// Set, without the lock, when the transaction is rolled back or expires while a call
+    /// holds or awaits the lock: that call then refuses to use it, or to report a change
+    /// staged into it, and drops what it staged.
+    discarded: Arc<AtomicBool>,
 }
 
 impl Txn {
     fn discard(&mut self) {
         self.done = true;
         self.staging = None;
+    }
+
+    /// Whether the transaction has ended for the call holding its lock.
+    fn ended(&self) -> bool {
+        self.done || self.discarded.load(Ordering::Acquire)
+    }
+}
+
+impl Open {
+    /// Discards a transaction that is rolled back or expires: at once when no call holds it,
+    /// else by the call that does, as soon as it looks (see [`Txn::ended`]).
+    fn discard(&self) {
+        self.discarded.store(true, Ordering::Release);
+        if let Ok(mut txn) = self.txn.try_lock() {
+            txn.discard();
+        }
     }
 }
 
@@ -260,6 +280,7 @@ impl Transactions {
     pub fn begin(&self, session: Option<&str>) -> TxnId {
         let id = TxnId(random_token());
         let now = Instant::now();
+        let discarded = Arc::new(AtomicBool::new(false));
         let mut registry = self.registry();
         registry.open.insert(
             id.clone(),
@@ -268,7 +289,9 @@ impl Transactions {
                     staging: None,
                     rows: 0,
                     done: false,
+                    discarded: Arc::clone(&discarded),
                 })),
+                discarded,
                 last_used: now,
                 session: session.map(str::to_owned),
             },
@@ -302,9 +325,8 @@ impl Transactions {
         let mut registry = self.registry();
         if let Some(id) = registry.sessions.remove(session)
             && let Some(open) = registry.end(&id, Ending::RolledBack, now)
-            && let Ok(mut txn) = open.txn.try_lock()
         {
-            txn.discard();
+            open.discard();
         }
     }
 
@@ -324,6 +346,11 @@ impl Transactions {
         if let Some(open) = self.registry().open.get_mut(id) {
             open.last_used = Instant::now();
         }
+    }
+
+    /// How transaction `id` ended, while the server remembers it.
+    fn ending(&self, id: &TxnId) -> Option<Ending> {
+        self.registry().ended.get(id).map(|e| e.how)
     }
 
     fn not_open(&self, id: &TxnId, how: Option<Ending>) -> Error {
@@ -372,10 +399,16 @@ impl Transactions {
     ) -> Result<u64> {
         let handle = self.open(id)?;
         let mut txn = handle.lock().await;
-        if txn.done {
-            return Err(self.not_open(id, None));
+        if txn.ended() {
+            return Err(self.not_open(id, self.ending(id)));
         }
         let result = self.stage_locked(&mut txn, ops).await;
+        if txn.ended() {
+            // Rolled back or expired while this request was staged: nothing of it stays, and
+            // it is not reported as staged.
+            txn.discard();
+            return Err(self.not_open(id, self.ending(id)));
+        }
         drop(txn);
         self.touch(id);
         result
@@ -457,8 +490,8 @@ impl Transactions {
     pub async fn view(&self, id: &TxnId) -> Result<CatalogSnapshot> {
         let handle = self.open(id)?;
         let txn = handle.lock().await;
-        if txn.done {
-            return Err(self.not_open(id, None));
+        if txn.ended() {
+            return Err(self.not_open(id, self.ending(id)));
         }
         match &txn.staging {
             Some(staging) => Ok(staging.view()),
@@ -513,9 +546,7 @@ impl Transactions {
         let ended = registry.ended.get(id).map(|e| e.how);
         match registry.end(id, Ending::RolledBack, now) {
             Some(open) => {
-                if let Ok(mut txn) = open.txn.try_lock() {
-                    txn.discard();
-                }
+                open.discard();
                 Ok(())
             }
             None if matches!(ended, Some(Ending::RolledBack | Ending::Failed)) => Ok(()),
@@ -663,6 +694,58 @@ mod tests {
         // Rolling back after the commit is a late call.
         assert!(matches!(
             txns.rollback(&id),
+            Err(Error::TransactionNotOpen { .. })
+        ));
+    }
+
+    /// A rollback while a request stages into the transaction (holding it) or waits for it
+    /// ends the transaction for that request too: it is refused, not reported as staged,
+    /// and nothing of it can be committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rollback_during_a_request_refuses_it() {
+        let txns = Arc::new(transactions(TxnConfig::default()));
+        let id = txns.begin(None);
+        let (signal, started) = tokio::sync::oneshot::channel::<()>();
+        let (feed, requests) = tokio::sync::mpsc::channel::<Result<Vec<Op>>>(1);
+        // Signals its first poll, which happens with the transaction held, then yields what
+        // is fed.
+        let ops = futures::stream::unfold(
+            (Some(signal), requests),
+            |(signal, mut requests)| async move {
+                if let Some(signal) = signal {
+                    let _ = signal.send(());
+                }
+                let next = requests.recv().await?;
+                Some((next, (None, requests)))
+            },
+        );
+        let staging = tokio::spawn({
+            let txns = Arc::clone(&txns);
+            let id = id.clone();
+            async move { txns.stage_stream(&id, ops).await }
+        });
+        started.await.expect("the request holds the transaction");
+        // Another request comes while the first holds the transaction.
+        let waiting = tokio::spawn({
+            let txns = Arc::clone(&txns);
+            let id = id.clone();
+            async move { txns.stage(&id, mapping(5)).await }
+        });
+        txns.rollback(&id).expect("rolled back");
+        feed.send(Ok(mapping(4))).await.expect("fed");
+        drop(feed);
+        for request in [staging, waiting] {
+            let err = request
+                .await
+                .expect("joined")
+                .expect_err("refused after the rollback");
+            assert!(
+                matches!(&err, Error::TransactionNotOpen { state, .. } if state.contains("rolled back")),
+                "{err}"
+            );
+        }
+        assert!(matches!(
+            txns.commit(&id).await,
             Err(Error::TransactionNotOpen { .. })
         ));
     }
