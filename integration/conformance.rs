@@ -448,29 +448,48 @@ pub async fn limits_are_enforced_before_the_backend(backend: Backend) {
     assert_eq!(commit(&t.store, writes).await, CommitOutcome::Committed);
 }
 
-pub async fn concurrent_inserts_have_one_winner(backend: Backend) {
-    let t = backend.open().await;
-    let tasks: Vec<_> = (0..16_u32)
+/// Commits what `build` stages for each of `writers` concurrent writers, and returns the
+/// writers whose commit landed. Every other outcome goes to `lost`, which checks it.
+async fn race(
+    store: &Store,
+    writers: u32,
+    build: impl Fn(u32, &mut WriteSet),
+    lost: impl Fn(CommitOutcome),
+) -> Vec<u32> {
+    let tasks: Vec<_> = (0..writers)
         .map(|writer| {
-            let store = t.store.clone();
-            tokio::spawn(async move {
-                let mut writes = WriteSet::new();
-                writes
-                    .insert(key(1), value(1, writer))
-                    .put(key(1000 + writer), value(writer, 0));
-                (writer, store.commit(writes).await.expect("commit"))
-            })
+            let mut set = WriteSet::new();
+            build(writer, &mut set);
+            let store = store.clone();
+            tokio::spawn(async move { (writer, store.commit(set).await.expect("commit")) })
         })
         .collect();
     let mut winners = Vec::new();
     for task in tasks {
-        let (writer, outcome) = task.await.expect("task");
-        match outcome {
-            CommitOutcome::Committed => winners.push(writer),
-            CommitOutcome::Conflict(Conflict::AlreadyExists { key: k }) => assert_eq!(k, key(1)),
-            other => panic!("unexpected outcome {other:?}"),
+        match task.await.expect("task") {
+            (writer, CommitOutcome::Committed) => winners.push(writer),
+            (_, other) => lost(other),
         }
     }
+    winners
+}
+
+pub async fn concurrent_inserts_have_one_winner(backend: Backend) {
+    let t = backend.open().await;
+    let winners = race(
+        &t.store,
+        16,
+        |writer, writes| {
+            writes
+                .insert(key(1), value(1, writer))
+                .put(key(1000 + writer), value(writer, 0));
+        },
+        |outcome| match outcome {
+            CommitOutcome::Conflict(Conflict::AlreadyExists { key: k }) => assert_eq!(k, key(1)),
+            other => panic!("unexpected outcome {other:?}"),
+        },
+    )
+    .await;
     assert_eq!(winners.len(), 1, "exactly one insert wins");
     let winner = winners[0];
     assert_eq!(
@@ -494,30 +513,23 @@ pub async fn concurrent_inserts_have_one_winner(backend: Backend) {
 pub async fn concurrent_takes_of_one_key_have_one_winner(backend: Backend) {
     let t = backend.open().await;
     put_range(&t.store, [0], 0).await;
-    let tasks: Vec<_> = (0..32_u32)
-        .map(|writer| {
-            let store = t.store.clone();
-            tokio::spawn(async move {
-                let mut writes = WriteSet::new();
-                writes
-                    .require_present(key(0))
-                    .delete(key(0))
-                    .put(key(100 + writer), value(writer, 1));
-                (writer, store.commit(writes).await.expect("commit"))
-            })
-        })
-        .collect();
-    let mut winners = Vec::new();
-    for task in tasks {
-        let (writer, outcome) = task.await.expect("task");
-        match outcome {
-            CommitOutcome::Committed => winners.push(writer),
+    let winners = race(
+        &t.store,
+        32,
+        |writer, writes| {
+            writes
+                .require_present(key(0))
+                .delete(key(0))
+                .put(key(100 + writer), value(writer, 1));
+        },
+        |outcome| match outcome {
             CommitOutcome::Conflict(
                 Conflict::Missing { key: k } | Conflict::WriteConflict { key: Some(k) },
             ) => assert_eq!(k, key(0)),
             other => panic!("unexpected outcome {other:?}"),
-        }
-    }
+        },
+    )
+    .await;
     assert_eq!(winners.len(), 1, "exactly one take wins: {winners:?}");
     assert_eq!(
         contents(&t.store).await,

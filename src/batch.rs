@@ -22,6 +22,31 @@ use crate::model::{
     CatalogTable, Cell, Column, SqlType, commit_upload_columns, mapping_load_columns,
 };
 
+/// Positions of `ducklake_column_mapping`'s columns in its canonical batches.
+pub(crate) mod column_mapping {
+    pub(crate) const MAPPING_ID: usize = 0;
+    pub(crate) const TABLE_ID: usize = 1;
+    pub(crate) const TYPE: usize = 2;
+}
+
+/// Positions of `ducklake_name_mapping`'s columns in its canonical batches.
+pub(crate) mod name_mapping {
+    pub(crate) const MAPPING_ID: usize = 0;
+    pub(crate) const COLUMN_ID: usize = 1;
+    pub(crate) const SOURCE_NAME: usize = 2;
+    pub(crate) const TARGET_FIELD_ID: usize = 3;
+    pub(crate) const PARENT_COLUMN: usize = 4;
+    pub(crate) const IS_PARTITION: usize = 5;
+}
+
+/// Positions of `ducklake_data_file`'s columns in its canonical batches.
+pub(crate) mod data_file {
+    pub(crate) const DATA_FILE_ID: usize = 0;
+    pub(crate) const TABLE_ID: usize = 1;
+    pub(crate) const END_SNAPSHOT: usize = 3;
+    pub(crate) const MAPPING_ID: usize = 15;
+}
+
 /// The Arrow type of a SQL type.
 #[must_use]
 pub fn arrow_type(ty: SqlType) -> DataType {
@@ -364,5 +389,47 @@ impl<'a> Columns<'a> {
     #[must_use]
     pub fn row(&self, row: usize) -> Vec<Cell<'a>> {
         (0..self.columns.len()).map(|i| self.cell(i, row)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{ColumnMappingRow, DataFileRow, NameMappingRow};
+
+    /// Each named position is where its column stands in the model's column table.
+    #[test]
+    fn column_positions_match_the_column_tables() {
+        let at = |columns: &[crate::model::Column], i: usize| columns.get(i).map(|c| c.name);
+        let cm = ColumnMappingRow::COLUMNS;
+        assert_eq!(
+            at(cm, super::column_mapping::MAPPING_ID),
+            Some("mapping_id")
+        );
+        assert_eq!(at(cm, super::column_mapping::TABLE_ID), Some("table_id"));
+        assert_eq!(at(cm, super::column_mapping::TYPE), Some("type"));
+        let nm = NameMappingRow::COLUMNS;
+        assert_eq!(at(nm, super::name_mapping::MAPPING_ID), Some("mapping_id"));
+        assert_eq!(at(nm, super::name_mapping::COLUMN_ID), Some("column_id"));
+        assert_eq!(
+            at(nm, super::name_mapping::SOURCE_NAME),
+            Some("source_name")
+        );
+        assert_eq!(
+            at(nm, super::name_mapping::TARGET_FIELD_ID),
+            Some("target_field_id")
+        );
+        assert_eq!(
+            at(nm, super::name_mapping::PARENT_COLUMN),
+            Some("parent_column")
+        );
+        assert_eq!(
+            at(nm, super::name_mapping::IS_PARTITION),
+            Some("is_partition")
+        );
+        let df = DataFileRow::COLUMNS;
+        assert_eq!(at(df, super::data_file::DATA_FILE_ID), Some("data_file_id"));
+        assert_eq!(at(df, super::data_file::TABLE_ID), Some("table_id"));
+        assert_eq!(at(df, super::data_file::END_SNAPSHOT), Some("end_snapshot"));
+        assert_eq!(at(df, super::data_file::MAPPING_ID), Some("mapping_id"));
     }
 }

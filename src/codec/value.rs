@@ -419,6 +419,17 @@ pub struct MappingRecord<'a> {
 /// # Errors
 /// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
 pub fn read_mapping(bytes: &[u8]) -> Result<MappingRecord<'_>, CodecError> {
+    let (head, body) = read_mapping_with(bytes, |_| Ok(()))?;
+    Ok(MappingRecord { head, body })
+}
+
+/// Reads a mapping record's envelope and head in one pass over its body, handing each
+/// embedded name row's message to `name`. Returns the head and the body.
+#[inline]
+fn read_mapping_with<'a>(
+    bytes: &'a [u8],
+    mut name: impl FnMut(&'a [u8]) -> Result<(), CodecError>,
+) -> Result<(MappingHead<'a>, &'a [u8]), CodecError> {
     const RECORD: &str = "mapping";
     let body = open(bytes)?;
     let mut head = MappingHead {
@@ -431,15 +442,16 @@ pub fn read_mapping(bytes: &[u8]) -> Result<MappingRecord<'_>, CodecError> {
         record: RECORD,
     };
     while let Some((field, wire)) = fields.next_field()? {
-        match field {
-            1 => head.mapping_id = as_int(RECORD, field, wire)?,
-            2 => head.table_id = as_int(RECORD, field, wire)?,
-            3 => head.map_type = Some(as_str(RECORD, field, wire)?),
-            4 if !matches!(wire, Wire::Bytes(_)) => return Err(wrong_type(RECORD, field)),
+        match (field, wire) {
+            (1, wire) => head.mapping_id = as_int(RECORD, field, wire)?,
+            (2, wire) => head.table_id = as_int(RECORD, field, wire)?,
+            (3, wire) => head.map_type = Some(as_str(RECORD, field, wire)?),
+            (4, Wire::Bytes(message)) => name(message)?,
+            (4, _) => return Err(wrong_type(RECORD, field)),
             _ => {}
         }
     }
-    Ok(MappingRecord { head, body })
+    Ok((head, body))
 }
 
 impl<'a> MappingRecord<'a> {
@@ -485,29 +497,14 @@ impl<'a> Iterator for Names<'a> {
 }
 
 fn read_name(message: &[u8]) -> Result<NameRef<'_>, CodecError> {
-    const RECORD: &str = "mapping";
-    let mut name = NameRef {
-        column_id: 0,
-        source_name: "",
-        target_field_id: 0,
-        parent_column: None,
-        is_partition: false,
-    };
-    let mut fields = Fields {
-        bytes: message,
-        record: RECORD,
-    };
-    while let Some((field, wire)) = fields.next_field()? {
-        match field {
-            1 => name.column_id = as_int(RECORD, field, wire)?,
-            2 => name.source_name = as_str(RECORD, field, wire)?,
-            3 => name.target_field_id = as_int(RECORD, field, wire)?,
-            4 => name.parent_column = Some(as_int(RECORD, field, wire)?),
-            5 => name.is_partition = as_bool(RECORD, field, wire)?,
-            _ => {}
-        }
-    }
-    Ok(name)
+    let raw = read_raw_name(message)?;
+    Ok(NameRef {
+        column_id: raw.column_id,
+        source_name: as_str("mapping", 2, Wire::Bytes(raw.source_name))?,
+        target_field_id: raw.target_field_id,
+        parent_column: raw.parent_column,
+        is_partition: raw.is_partition,
+    })
 }
 
 /// One embedded name row of a mapping record, read in place with its name as stored bytes:
@@ -535,28 +532,11 @@ pub fn read_mapping_raw<'a>(
     bytes: &'a [u8],
     names: &mut Vec<RawName<'a>>,
 ) -> Result<MappingHead<'a>, CodecError> {
-    const RECORD: &str = "mapping";
-    let body = open(bytes)?;
-    let mut head = MappingHead {
-        mapping_id: 0,
-        table_id: 0,
-        map_type: None,
-    };
-    let mut fields = Fields {
-        bytes: body,
-        record: RECORD,
-    };
-    while let Some((field, wire)) = fields.next_field()? {
-        match (field, wire) {
-            (1, wire) => head.mapping_id = as_int(RECORD, field, wire)?,
-            (2, wire) => head.table_id = as_int(RECORD, field, wire)?,
-            (3, wire) => head.map_type = Some(as_str(RECORD, field, wire)?),
-            (4, Wire::Bytes(message)) => names.push(read_raw_name(message)?),
-            (4, _) => return Err(wrong_type(RECORD, field)),
-            _ => {}
-        }
-    }
-    Ok(head)
+    read_mapping_with(bytes, |message| {
+        names.push(read_raw_name(message)?);
+        Ok(())
+    })
+    .map(|(head, _)| head)
 }
 
 #[inline]

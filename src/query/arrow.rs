@@ -13,6 +13,9 @@ use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
 use super::pushdown::IdSet;
+use crate::batch::name_mapping::{
+    COLUMN_ID, IS_PARTITION, MAPPING_ID, PARENT_COLUMN, SOURCE_NAME, TARGET_FIELD_ID,
+};
 use crate::batch::{ColumnBuilder, mapping_load_schema, table_schema};
 use crate::catalog::{check_data_file, check_mapping, check_mapping_raw};
 use crate::codec::{Keyspace, MappingHead, RawName};
@@ -71,14 +74,8 @@ impl Keep {
     }
 }
 
-/// Columns of `ducklake_name_mapping`, and of the mapping load after its first three.
-const NAME_MAPPING_ID: usize = 0;
-const NAME_COLUMN_ID: usize = 1;
-const NAME_SOURCE_NAME: usize = 2;
-const NAME_TARGET_FIELD_ID: usize = 3;
-const NAME_PARENT_COLUMN: usize = 4;
-const NAME_IS_PARTITION: usize = 5;
-/// Columns of the mapping load that come from the mapping rather than its name rows.
+/// Columns of the mapping load that come from the mapping rather than its name rows; the rest
+/// are the name table's columns after `mapping_id`, in its order.
 const LOAD_HEAD_COLUMNS: usize = 3;
 
 /// The builders of the projected columns and the rows they hold.
@@ -129,14 +126,14 @@ impl Out {
                 column
             };
             match column {
-                NAME_MAPPING_ID => builder.int_n(head.mapping_id, n),
-                NAME_COLUMN_ID => names.iter().for_each(|m| builder.int(Some(m.column_id))),
-                NAME_SOURCE_NAME => names.iter().for_each(|m| builder.text(Some(m.source_name))),
-                NAME_TARGET_FIELD_ID => names
+                MAPPING_ID => builder.int_n(head.mapping_id, n),
+                COLUMN_ID => names.iter().for_each(|m| builder.int(Some(m.column_id))),
+                SOURCE_NAME => names.iter().for_each(|m| builder.text(Some(m.source_name))),
+                TARGET_FIELD_ID => names
                     .iter()
                     .for_each(|m| builder.int(Some(m.target_field_id))),
-                NAME_PARENT_COLUMN => names.iter().for_each(|m| builder.int(m.parent_column)),
-                NAME_IS_PARTITION => names
+                PARENT_COLUMN => names.iter().for_each(|m| builder.int(m.parent_column)),
+                IS_PARTITION => names
                     .iter()
                     .for_each(|m| builder.boolean(Some(m.is_partition))),
                 _ => {}

@@ -8,15 +8,10 @@ use std::collections::BTreeSet;
 
 use super::validate::Violation;
 use crate::batch::Columns;
+use crate::batch::name_mapping::{
+    COLUMN_ID, IS_PARTITION, MAPPING_ID, PARENT_COLUMN, SOURCE_NAME, TARGET_FIELD_ID,
+};
 use crate::codec::NameRef;
-
-/// Columns of a canonical `ducklake_name_mapping` batch.
-pub(crate) const MAPPING_ID: usize = 0;
-pub(crate) const COLUMN_ID: usize = 1;
-pub(crate) const SOURCE_NAME: usize = 2;
-pub(crate) const TARGET_FIELD_ID: usize = 3;
-pub(crate) const PARENT_COLUMN: usize = 4;
-pub(crate) const IS_PARTITION: usize = 5;
 
 /// A name row owned, for rows that wait for their mapping or join names staged before.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,6 +24,7 @@ use super::fold::{self, OwnedName};
 use super::validate::Violation;
 use super::{Delete, EndTarget, Insert, Op, Update};
 use crate::batch::Columns;
+use crate::batch::{column_mapping, data_file, name_mapping};
 use crate::catalog::{CatalogSnapshot, check_data_file};
 use crate::codec::{
     DataFileRecord, Keyspace, Kind, MappingHead, NameRef, encode_data_file_into,
@@ -44,16 +45,6 @@ const BYTES_PER_REFERENCE: usize = 48;
 /// allocates rarely.
 const ARENA_CHUNK_MIN: usize = 4 << 10;
 const ARENA_CHUNK_MAX: usize = 1 << 20;
-
-/// Columns of a canonical `ducklake_column_mapping` batch.
-const CM_MAPPING_ID: usize = 0;
-const CM_TABLE_ID: usize = 1;
-const CM_TYPE: usize = 2;
-/// Columns of a canonical `ducklake_data_file` batch.
-const DF_DATA_FILE_ID: usize = 0;
-const DF_TABLE_ID: usize = 1;
-const DF_END_SNAPSHOT: usize = 3;
-const DF_MAPPING_ID: usize = 15;
 
 /// The net effect of a transaction on the stored records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -417,11 +408,11 @@ impl Staging {
         };
         let mut candidates = Vec::with_capacity(rows.len());
         for row in 0..rows.len() {
-            let Some(mapping_id) = rows.int(CM_MAPPING_ID, row) else {
+            let Some(mapping_id) = rows.int(column_mapping::MAPPING_ID, row) else {
                 violations.push(null("mapping_id", row, None));
                 continue;
             };
-            let Some(table_id) = rows.int(CM_TABLE_ID, row) else {
+            let Some(table_id) = rows.int(column_mapping::TABLE_ID, row) else {
                 violations.push(null("table_id", row, Some(mapping_id)));
                 self.refuse(mapping_id);
                 continue;
@@ -458,7 +449,7 @@ impl Staging {
             let head = MappingHead {
                 mapping_id,
                 table_id,
-                map_type: rows.text(CM_TYPE, row),
+                map_type: rows.text(column_mapping::TYPE, row),
             };
             let waiting = self.take_waiting(mapping_id);
             let mut names: Vec<NameRef<'_>> =
@@ -517,21 +508,21 @@ impl Staging {
                 row: first + row,
                 row_id,
             };
-            let Some(mapping_id) = rows.int(fold::MAPPING_ID, row) else {
+            let Some(mapping_id) = rows.int(name_mapping::MAPPING_ID, row) else {
                 violations.push(null("mapping_id", None));
                 continue;
             };
             let before = violations.len();
-            if rows.int(fold::COLUMN_ID, row).is_none() {
+            if rows.int(name_mapping::COLUMN_ID, row).is_none() {
                 violations.push(null("column_id", Some(mapping_id)));
             }
-            if rows.text(fold::SOURCE_NAME, row).is_none() {
+            if rows.text(name_mapping::SOURCE_NAME, row).is_none() {
                 violations.push(null("source_name", Some(mapping_id)));
             }
-            if rows.int(fold::TARGET_FIELD_ID, row).is_none() {
+            if rows.int(name_mapping::TARGET_FIELD_ID, row).is_none() {
                 violations.push(null("target_field_id", Some(mapping_id)));
             }
-            if rows.boolean(fold::IS_PARTITION, row).is_none() {
+            if rows.boolean(name_mapping::IS_PARTITION, row).is_none() {
                 violations.push(null("is_partition", Some(mapping_id)));
             }
             if violations.len() == before {
@@ -545,11 +536,13 @@ impl Staging {
         let mut rest = order.as_slice();
         while let Some(&head) = rest.first() {
             let mapping_id = rows
-                .int(fold::MAPPING_ID, head as usize)
+                .int(name_mapping::MAPPING_ID, head as usize)
                 .unwrap_or_default();
             let len = rest
                 .iter()
-                .take_while(|&&row| rows.int(fold::MAPPING_ID, row as usize) == Some(mapping_id))
+                .take_while(|&&row| {
+                    rows.int(name_mapping::MAPPING_ID, row as usize) == Some(mapping_id)
+                })
                 .count();
             let (run, tail) = rest.split_at(len);
             rest = tail;
@@ -640,11 +633,11 @@ impl Staging {
                 row: first + row,
                 row_id,
             };
-            let Some(data_file_id) = rows.int(DF_DATA_FILE_ID, row) else {
+            let Some(data_file_id) = rows.int(data_file::DATA_FILE_ID, row) else {
                 violations.push(null("data_file_id", None));
                 continue;
             };
-            let Some(table_id) = rows.int(DF_TABLE_ID, row) else {
+            let Some(table_id) = rows.int(data_file::TABLE_ID, row) else {
                 violations.push(null("table_id", Some(data_file_id)));
                 continue;
             };
@@ -691,7 +684,7 @@ impl Staging {
                 violations.push(Violation::DataFileExists { data_file_id });
                 continue;
             }
-            if let (Some(mapping_id), Some(found)) = (rows.int(DF_MAPPING_ID, row), found) {
+            if let (Some(mapping_id), Some(found)) = (rows.int(data_file::MAPPING_ID, row), found) {
                 references.push(Reference {
                     data_file_id,
                     table_id,
@@ -740,7 +733,7 @@ impl Staging {
         let mut found = Vec::with_capacity(candidates.len());
         let mut ask: Vec<Vec<u8>> = Vec::new();
         for (row, _, table_id) in candidates {
-            let Some(mapping_id) = rows.int(DF_MAPPING_ID, *row) else {
+            let Some(mapping_id) = rows.int(data_file::MAPPING_ID, *row) else {
                 found.push(None);
                 continue;
             };
@@ -917,14 +910,14 @@ impl Staging {
         for (key, value) in keys.into_iter().zip(values) {
             let Some(value) = value else { continue };
             let record: DataFileRecord<'_> = check_data_file(&keyspace, &key, &value)?;
-            if record.cell(DF_END_SNAPSHOT) != Cell::Null {
+            if record.cell(data_file::END_SNAPSHOT) != Cell::Null {
                 continue;
             }
             let (writes, undo, arena, _) = self.parts();
             let mut encoded = Ok(());
             let ended = arena.build(|out| {
                 encoded = encode_data_file_into(out, |i| {
-                    if i == DF_END_SNAPSHOT {
+                    if i == data_file::END_SNAPSHOT {
                         Cell::BigInt(end_snapshot)
                     } else {
                         record.cell(i)

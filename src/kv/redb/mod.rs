@@ -300,10 +300,7 @@ impl Committer {
             return Err(stopped());
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let sent = self
-            .queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let sent = lock(&self.queue)
             .as_ref()
             .is_some_and(|queue| queue.send(Request { writes, reply }).is_ok());
         if !sent {
@@ -320,18 +317,8 @@ impl Committer {
 
 impl Drop for Committer {
     fn drop(&mut self) {
-        drop(
-            self.queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
-        if let Some(thread) = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        drop(lock(&self.queue).take());
+        if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
         }
     }
