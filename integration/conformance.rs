@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use moraine::kv::{
-    CommitOutcome, Conflict, KeyRange, KvError, KvPair, PageSize, Snapshot, Store, StoreLimits,
-    WriteSet,
+    CommitOutcome, Conflict, Digest, Digester, KeyRange, KvError, KvPair, PageSize, Snapshot,
+    Store, StoreLimits, WriteSet,
 };
 
 use crate::harness::Backend;
@@ -540,6 +540,195 @@ pub async fn concurrent_takes_of_one_key_have_one_winner(backend: Backend) {
     );
 }
 
+/// The digest of what `store` holds in `range` now.
+async fn range_digest(store: &Store, range: &KeyRange) -> Digest {
+    let snapshot = store.snapshot().await.expect("snapshot");
+    let pairs = scan_all(&snapshot, range.clone(), PageSize::rows(2)).await;
+    Digester::of_pairs(pairs.iter().map(|p| (p.key.as_slice(), p.value.as_slice())))
+}
+
+/// An update commits only while the record is still the one read: a change or delete of it in
+/// between is a conflict, and nothing of the update is written.
+pub async fn updates_require_the_record_they_read(backend: Backend) {
+    let t = backend.open().await;
+    put_range(&t.store, [1, 2], 0).await;
+    let read = Digest::of_value(&value(1, 0));
+    put_range(&t.store, [1], 1).await;
+    let mut stale = WriteSet::new();
+    stale
+        .require_unchanged(key(1), read)
+        .put(key(1), value(1, 2))
+        .put(key(3), value(3, 2));
+    assert_eq!(
+        commit(&t.store, stale).await,
+        CommitOutcome::Conflict(Conflict::Changed { key: key(1) })
+    );
+    let mut fresh = WriteSet::new();
+    fresh
+        .require_unchanged(key(1), Digest::of_value(&value(1, 1)))
+        .put(key(1), value(1, 2));
+    assert_eq!(commit(&t.store, fresh).await, CommitOutcome::Committed);
+    let mut gone = WriteSet::new();
+    gone.delete(key(2));
+    assert_eq!(commit(&t.store, gone).await, CommitOutcome::Committed);
+    let mut of_deleted = WriteSet::new();
+    of_deleted
+        .require_unchanged(key(2), Digest::of_value(&value(2, 0)))
+        .delete(key(2));
+    assert_eq!(
+        commit(&t.store, of_deleted).await,
+        CommitOutcome::Conflict(Conflict::Missing { key: key(2) })
+    );
+    assert_eq!(
+        contents(&t.store).await,
+        vec![KvPair {
+            key: key(1),
+            value: value(1, 2)
+        }]
+    );
+}
+
+/// Many updates of one record read at the same version: one lands, every other is told the
+/// record changed (the lost update the requirement exists for).
+pub async fn concurrent_updates_of_one_record_have_one_winner(backend: Backend) {
+    let t = backend.open().await;
+    put_range(&t.store, [0], 0).await;
+    let read = Digest::of_value(&value(0, 0));
+    let winners = race(
+        &t.store,
+        16,
+        |writer, writes| {
+            writes
+                .require_unchanged(key(0), read)
+                .put(key(0), value(0, writer + 1));
+        },
+        |outcome| match outcome {
+            CommitOutcome::Conflict(
+                Conflict::Changed { key: k } | Conflict::WriteConflict { key: Some(k) },
+            ) => assert_eq!(k, key(0)),
+            other => panic!("unexpected outcome {other:?}"),
+        },
+    )
+    .await;
+    assert_eq!(winners.len(), 1, "exactly one update wins: {winners:?}");
+    assert_eq!(
+        contents(&t.store).await,
+        vec![KvPair {
+            key: key(0),
+            value: value(0, winners[0] + 1)
+        }]
+    );
+}
+
+/// A change made to a write set, in a table of cases.
+type Change = fn(&mut WriteSet);
+
+/// A range requirement holds only while the range holds what was read: an insert, a change
+/// and a delete in it each make it fail; writes next to it do not.
+pub async fn range_requirements_see_every_change_in_their_range(backend: Backend) {
+    let t = backend.open().await;
+    put_range(&t.store, [10, 12, 14], 0).await;
+    let range = KeyRange::new(key(10), key(15));
+    let changes: [(&str, Change); 3] = [
+        ("insert", |w| {
+            w.put(key(11), value(11, 0));
+        }),
+        ("change", |w| {
+            w.put(key(12), value(12, 1));
+        }),
+        ("delete", |w| {
+            w.delete(key(14));
+        }),
+    ];
+    for (what, change) in changes {
+        let read = range_digest(&t.store, &range).await;
+        // Outside the range: no effect on it.
+        put_range(&t.store, [9, 15], 0).await;
+        let mut unchanged = WriteSet::new();
+        unchanged
+            .require_range(range.clone(), read)
+            .put(key(100), value(100, 0));
+        assert_eq!(
+            commit(&t.store, unchanged).await,
+            CommitOutcome::Committed,
+            "{what}: nothing changed yet"
+        );
+        let mut writes = WriteSet::new();
+        change(&mut writes);
+        assert_eq!(commit(&t.store, writes).await, CommitOutcome::Committed);
+        let mut stale = WriteSet::new();
+        stale
+            .require_range(range.clone(), read)
+            .delete(key(10))
+            .put(key(101), value(101, 0));
+        assert_eq!(
+            commit(&t.store, stale).await,
+            CommitOutcome::Conflict(Conflict::RangeChanged {
+                start: key(10),
+                end: key(15)
+            }),
+            "{what} in the range"
+        );
+        let snapshot = t.store.snapshot().await.expect("snapshot");
+        assert!(snapshot.get(&key(10)).await.expect("get").is_some());
+        assert!(snapshot.get(&key(101)).await.expect("get").is_none());
+    }
+}
+
+/// A commit acting on a whole range (it requires the range as read and moves a guard key on)
+/// races commits inserting into the range (each requires the guard as read): whichever
+/// commits first, the other side loses, so no insert escapes the range's commit.
+pub async fn a_range_holder_and_inserts_into_its_range_never_both_win(backend: Backend) {
+    for round in 0..4 {
+        let t = backend.open().await;
+        put_range(&t.store, [20, 21], 0).await;
+        let guard = key(5);
+        let range = KeyRange::new(key(20), key(40));
+        let read_range = range_digest(&t.store, &range).await;
+        let winners = race(
+            &t.store,
+            8,
+            |writer, writes| {
+                if writer == round {
+                    // The holder: deletes every row of the range it read.
+                    writes
+                        .require_range(range.clone(), read_range)
+                        .insert(guard.clone(), value(5, 1))
+                        .delete(key(20))
+                        .delete(key(21));
+                } else {
+                    // An insert into the range, depending on the guard being absent.
+                    writes
+                        .require_absent(guard.clone())
+                        .insert(key(22 + writer), value(22 + writer, 0));
+                }
+            },
+            |outcome| match outcome {
+                CommitOutcome::Conflict(
+                    Conflict::RangeChanged { .. }
+                    | Conflict::AlreadyExists { .. }
+                    | Conflict::WriteConflict { .. },
+                ) => {}
+                other => panic!("unexpected outcome {other:?}"),
+            },
+        )
+        .await;
+        let holder_won = winners.contains(&round);
+        assert!(!winners.is_empty(), "someone wins");
+        assert!(
+            !holder_won || winners.len() == 1,
+            "round {round}: the holder won beside inserts {winners:?}"
+        );
+        let stored = contents(&t.store).await;
+        let in_range = stored.iter().filter(|p| range.contains(&p.key)).count();
+        assert_eq!(
+            in_range,
+            if holder_won { 0 } else { 2 + winners.len() },
+            "round {round}: {stored:?}"
+        );
+    }
+}
+
 /// A small deterministic generator, so a failing sequence can be replayed from its seed.
 struct Rng(u64);
 
@@ -649,6 +838,10 @@ macro_rules! conformance_suite {
                 limits_are_enforced_before_the_backend,
                 concurrent_inserts_have_one_winner,
                 concurrent_takes_of_one_key_have_one_winner,
+                updates_require_the_record_they_read,
+                concurrent_updates_of_one_record_have_one_winner,
+                range_requirements_see_every_change_in_their_range,
+                a_range_holder_and_inserts_into_its_range_never_both_win,
                 agrees_with_the_memory_model,
             );
         )*

@@ -6,7 +6,9 @@ use moraine::catalog::Catalog;
 use moraine::model::{
     CatalogTable, ColumnMappingRow, DataFileId, DataFileRow, MappingId, NameMappingRow, TableId,
 };
-use moraine::write::{Delete, EndTarget, Insert, Op, StagedBatch, Update, Violation, commit_batch};
+use moraine::write::{
+    Delete, EndTarget, Insert, Op, StagedBatch, Update, Violation, commit_batch, commit_batch_at,
+};
 
 use crate::ducklake_fixture;
 use crate::harness::{Backend, CatalogRows, catalog_rows};
@@ -711,6 +713,316 @@ pub async fn concurrent_creates_have_one_winner_per_key(backend: Backend) {
     assert!(!winners.is_empty());
 }
 
+/// Commits `batch` as a transaction that read `snapshot` would, and expects it to lose a
+/// race: ABORTED-class, "conflict" in its text, naming `what`, and nothing written.
+async fn loses_race(
+    catalog: &Catalog,
+    snapshot: &moraine::catalog::CatalogSnapshot,
+    batch: &StagedBatch,
+    what: &str,
+) {
+    let before = catalog_rows(catalog).await;
+    let err = commit_batch_at(catalog, snapshot, batch)
+        .await
+        .expect_err("the later commit must lose");
+    assert!(matches!(err, Error::CommitConflict { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("conflict") && text.contains(what), "{text}");
+    assert_eq!(
+        catalog_rows(catalog).await,
+        before,
+        "the loser wrote something"
+    );
+}
+
+fn end_files(end_snapshot: i64, ids: &[i64]) -> StagedBatch {
+    batch([Op::Update(Update::EndDataFiles {
+        end_snapshot,
+        target: EndTarget::DataFiles(ids.iter().copied().map(DataFileId).collect()),
+    })])
+}
+
+fn drop_table(end_snapshot: i64, table_id: i64) -> StagedBatch {
+    batch([Op::Update(Update::EndDataFiles {
+        end_snapshot,
+        target: EndTarget::Tables(vec![TableId(table_id)]),
+    })])
+}
+
+/// The live files, `(table_id, data_file_id)`, sorted.
+fn live_files(rows: &CatalogRows) -> Vec<(i64, i64)> {
+    let mut live: Vec<(i64, i64)> = rows
+        .data_files
+        .iter()
+        .filter(|f| f.end_snapshot.is_none())
+        .map(|f| {
+            (
+                f.table_id.unwrap_or_default(),
+                f.data_file_id.unwrap_or_default(),
+            )
+        })
+        .collect();
+    live.sort_unstable();
+    live
+}
+
+/// Two transactions that end the same file: the later commit is told the file changed,
+/// instead of overwriting the first one's `end_snapshot` (a lost update).
+pub async fn concurrent_ends_of_one_file_have_one_winner(backend: Backend) {
+    let t = backend.open().await;
+    let catalog = t.catalog();
+    let files = [file(10, 1, None), file(11, 1, None)];
+    commit_ok(&catalog, &batch([Op::Insert(Insert::data_files(&files))])).await;
+    let read = catalog.snapshot().await.expect("snapshot");
+    commit_ok(&catalog, &end_files(5, &[10])).await;
+    loses_race(
+        &catalog,
+        &read,
+        &end_files(6, &[10, 11]),
+        "data file 10 of table 1 was changed concurrently",
+    )
+    .await;
+    // A delete of what it read loses the same way.
+    loses_race(
+        &catalog,
+        &read,
+        &batch([Op::Delete(Delete::DataFiles(vec![DataFileId(10)]))]),
+        "data file 10 of table 1 was changed concurrently",
+    )
+    .await;
+    let ends: Vec<Option<i64>> = catalog_rows(&catalog)
+        .await
+        .data_files
+        .iter()
+        .map(|f| f.end_snapshot)
+        .collect();
+    assert_eq!(ends, vec![Some(5), None]);
+    // Ending an id the transaction did not find conflicts with its concurrent insert.
+    let read = catalog.snapshot().await.expect("snapshot");
+    commit_ok(
+        &catalog,
+        &batch([Op::Insert(Insert::data_files(&[file(12, 2, None)]))]),
+    )
+    .await;
+    loses_race(&catalog, &read, &end_files(7, &[12]), "data file 12").await;
+}
+
+/// `data_file_id` is DuckLake's primary key across all tables: two transactions inserting one
+/// id into two tables cannot both commit, nor can one whose id another table took after its
+/// snapshot.
+pub async fn a_data_file_id_is_unique_across_tables(backend: Backend) {
+    let t = backend.open().await;
+    let catalog = t.catalog();
+    let read = catalog.snapshot().await.expect("snapshot");
+    commit_ok(
+        &catalog,
+        &batch([Op::Insert(Insert::data_files(&[file(7, 1, None)]))]),
+    )
+    .await;
+    loses_race(
+        &catalog,
+        &read,
+        &batch([Op::Insert(Insert::data_files(&[file(7, 2, None)]))]),
+        "data file 7 was created concurrently",
+    )
+    .await;
+    // Read after the first commit, the id is refused before any commit is tried.
+    let violations = rejected(
+        &catalog,
+        &batch([Op::Insert(Insert::data_files(&[file(7, 3, None)]))]),
+    )
+    .await;
+    assert_eq!(
+        violations,
+        vec![Violation::DataFileExists { data_file_id: 7 }]
+    );
+    // Concurrently, from a common snapshot: exactly one table gets the id.
+    let read = catalog.snapshot().await.expect("snapshot");
+    let tasks: Vec<_> = (1..=8_i64)
+        .map(|table| {
+            let (catalog, read) = (catalog.clone(), read.clone());
+            tokio::spawn(async move {
+                let insert = batch([Op::Insert(Insert::data_files(&[file(8, table, None)]))]);
+                commit_batch_at(&catalog, &read, &insert).await.is_ok()
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for task in tasks {
+        won += usize::from(task.await.expect("task"));
+    }
+    assert_eq!(won, 1, "one table gets data file 8");
+    let eights = catalog_rows(&catalog)
+        .await
+        .data_files
+        .iter()
+        .filter(|f| f.data_file_id == Some(8))
+        .count();
+    assert_eq!(eights, 1);
+}
+
+/// DROP TABLE's end of every file of a table and an insert into that table: whichever commits
+/// first, the other loses, so no file stays live in a dropped table.
+pub async fn a_table_drop_and_an_insert_into_it_never_both_commit(backend: Backend) {
+    let t = backend.open().await;
+    let catalog = t.catalog();
+    let add = |id| batch([Op::Insert(Insert::data_files(&[file(id, 1, None)]))]);
+    commit_ok(&catalog, &add(1)).await;
+    commit_ok(
+        &catalog,
+        &batch([Op::Insert(Insert::data_files(&[file(2, 9, None)]))]),
+    )
+    .await;
+
+    // The insert first: the drop's range changed under it.
+    let read = catalog.snapshot().await.expect("snapshot");
+    commit_ok(&catalog, &add(3)).await;
+    loses_race(
+        &catalog,
+        &read,
+        &drop_table(5, 1),
+        "the data files of table 1 changed concurrently",
+    )
+    .await;
+    assert_eq!(
+        live_files(&catalog_rows(&catalog).await),
+        vec![(1, 1), (1, 3), (9, 2)]
+    );
+
+    // The drop first: the insert's table was acted on whole since it read it.
+    let read = catalog.snapshot().await.expect("snapshot");
+    commit_ok(&catalog, &drop_table(6, 1)).await;
+    loses_race(
+        &catalog,
+        &read,
+        &add(4),
+        "the data files of table 1 changed concurrently",
+    )
+    .await;
+    // Another table's inserts are not held up, and a fresh transaction may insert again.
+    commit_ok(
+        &catalog,
+        &batch([Op::Insert(Insert::data_files(&[file(5, 9, None)]))]),
+    )
+    .await;
+    commit_ok(&catalog, &add(4)).await;
+    assert_eq!(
+        live_files(&catalog_rows(&catalog).await),
+        vec![(1, 4), (9, 2), (9, 5)]
+    );
+
+    // Racing from one snapshot: a drop and inserts into the dropped table never both land.
+    let read = catalog.snapshot().await.expect("snapshot");
+    let tasks: Vec<_> = (0..8_i64)
+        .map(|writer| {
+            let (catalog, read) = (catalog.clone(), read.clone());
+            tokio::spawn(async move {
+                let work = if writer == 3 {
+                    drop_table(7, 1)
+                } else {
+                    add(100 + writer)
+                };
+                (
+                    writer,
+                    commit_batch_at(&catalog, &read, &work).await.is_ok(),
+                )
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (writer, won) = task.await.expect("task");
+        if won {
+            winners.push(writer);
+        }
+    }
+    let live = live_files(&catalog_rows(&catalog).await);
+    if winners.contains(&3) {
+        assert_eq!(winners, vec![3], "inserts landed beside the drop");
+        assert_eq!(live, vec![(9, 2), (9, 5)]);
+    } else {
+        assert!(!winners.is_empty());
+        assert_eq!(
+            live.iter().filter(|(table, _)| *table == 1).count(),
+            1 + winners.len()
+        );
+    }
+}
+
+/// A store whose data-file index has the first layout (one entry per `(data_file_id,
+/// table_id)`) is moved to the unique one when it is opened; a store in which two tables hold
+/// one id is refused, naming it.
+pub async fn an_old_data_file_index_is_upgraded(backend: Backend) {
+    use moraine::codec::Kind;
+    use moraine::kv::{CommitOutcome, WriteSet};
+
+    let t = backend.open().await;
+    let catalog = t.catalog();
+    let keyspace = catalog.keyspace().clone();
+    let files: Vec<DataFileRow> = (1..=3).map(|id| file(id, 10 + id, None)).collect();
+    commit_ok(&catalog, &batch([Op::Insert(Insert::data_files(&files))])).await;
+    // Rewrite the index as an earlier moraine wrote it.
+    let old_layout = |entries: &[(i64, i64)]| {
+        let mut writes = WriteSet::new();
+        for &(id, table) in entries {
+            writes
+                .delete(keyspace.row_key(Kind::DataFileById, TableId(table), id))
+                .put(
+                    keyspace.row_key(Kind::DataFileByIdV1, TableId(table), id),
+                    Vec::new(),
+                );
+        }
+        writes
+    };
+    let committed = catalog
+        .store()
+        .commit(old_layout(&[(1, 11), (2, 12), (3, 13)]))
+        .await
+        .expect("commit");
+    assert_eq!(committed, CommitOutcome::Committed);
+    assert_eq!(catalog.upgrade().await.expect("upgrade"), 3);
+    assert_eq!(catalog.upgrade().await.expect("nothing left"), 0);
+    // The index answers again: by id, and for uniqueness.
+    let snapshot = catalog.snapshot().await.expect("snapshot");
+    let rows = snapshot
+        .index_rows(Kind::DataFileById, &[1, 2, 3])
+        .await
+        .expect("index");
+    let found: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.table_id.0)).collect();
+    assert_eq!(found, vec![(1, 11), (2, 12), (3, 13)]);
+    let violations = rejected(
+        &catalog,
+        &batch([Op::Insert(Insert::data_files(&[file(2, 99, None)]))]),
+    )
+    .await;
+    assert_eq!(
+        violations,
+        vec![Violation::DataFileExists { data_file_id: 2 }]
+    );
+    assert_eq!(
+        commit_ok(&catalog, &end_files(4, &[1, 3])).await,
+        vec![2],
+        "ends by id find the files through the upgraded index"
+    );
+
+    // Two tables holding one id cannot be made unique: refused, naming the id and tables.
+    let mut twice = WriteSet::new();
+    for table in [21, 22] {
+        twice.put(
+            keyspace.row_key(Kind::DataFileByIdV1, TableId(table), 7),
+            Vec::new(),
+        );
+    }
+    let committed = catalog.store().commit(twice).await.expect("commit");
+    assert_eq!(committed, CommitOutcome::Committed);
+    let err = catalog.upgrade().await.expect_err("duplicate id");
+    let text = err.to_string();
+    assert!(
+        text.contains("data_file_id 7") && text.contains("21") && text.contains("22"),
+        "{text}"
+    );
+}
+
 macro_rules! write_path_suite {
     ($($backend:ident),*) => {
         $(
@@ -734,6 +1046,10 @@ macro_rules! write_path_suite {
                     name_row_delete_of_a_live_mapping_is_rejected,
                     end_transition_and_hard_deletes_of_data_files,
                     concurrent_creates_have_one_winner_per_key,
+                    concurrent_ends_of_one_file_have_one_winner,
+                    a_data_file_id_is_unique_across_tables,
+                    a_table_drop_and_an_insert_into_it_never_both_commit,
+                    an_old_data_file_index_is_upgraded,
                 );
             }
         )*

@@ -70,7 +70,7 @@ pub enum Error {
         reason: String,
     },
     /// A transaction that is not open (expired, finished, or never known here).
-    #[error("transaction {id} {state}")]
+    #[error("transaction {} {state}", excerpt(id))]
     TransactionNotOpen {
         /// The transaction id as the client sent it.
         id: String,
@@ -82,6 +82,15 @@ pub enum Error {
     LimitExceeded {
         /// Which limit, its value, and how to raise it.
         what: String,
+    },
+    /// A fault of the server itself, not of the request: logged with its account, and told
+    /// to the client only as an internal error.
+    #[error("internal error while {context}: {reason}")]
+    Internal {
+        /// What the server was doing.
+        context: &'static str,
+        /// What failed.
+        reason: String,
     },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]
@@ -104,4 +113,45 @@ pub enum QueryErrorKind {
     Execution,
     /// A bug in the engine.
     Internal,
+}
+
+/// Longest piece of client input a message repeats.
+pub const MAX_EXCERPT: usize = 64;
+
+/// `text` as a message repeats client input: whole when short, else its first
+/// [`MAX_EXCERPT`] bytes (cut at a character boundary) and how long it was, so a huge or
+/// hostile input never comes back whole.
+#[must_use]
+pub fn excerpt(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_EXCERPT {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut cut = MAX_EXCERPT;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… ({} bytes)",
+        text.get(..cut).unwrap_or_default(),
+        text.len()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_input_is_repeated_only_in_part() {
+        assert_eq!(excerpt("short"), "short");
+        let long = "é".repeat(1 << 19);
+        let shown = excerpt(&long);
+        assert!(shown.len() < MAX_EXCERPT + 32, "{shown}");
+        assert!(shown.ends_with("… (1048576 bytes)"), "{shown}");
+        let err = Error::TransactionNotOpen {
+            id: "x".repeat(1 << 20),
+            state: "is not open".into(),
+        };
+        assert!(err.to_string().len() < 200, "{err}");
+    }
 }

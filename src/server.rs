@@ -133,6 +133,18 @@ pub async fn start_with(
     })
 }
 
+/// Brings the store up to the current layout before anything reads it.
+async fn upgrade(catalog: &Catalog) -> Result<()> {
+    let moved = catalog.upgrade().await?;
+    if moved > 0 {
+        tracing::info!(
+            entries = moved,
+            "moved the data-file index to its unique layout"
+        );
+    }
+    Ok(())
+}
+
 /// Runs `moraine serve` until SIGINT or SIGTERM.
 ///
 /// # Errors
@@ -148,6 +160,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
         open_tikv(&config.pd).await?
     };
     let catalog = Catalog::new(store, keyspace);
+    upgrade(&catalog).await?;
     let mut server = start_with(catalog, config.listen, config.txn_config()).await?;
     tracing::info!("moraine listening on {}", server.addr());
     let signal = tokio::select! {
@@ -230,6 +243,7 @@ pub async fn import(config: ImportConfig) -> Result<()> {
     let commits = crate::import::ducklake_steps(&text)?;
     let store = open_embedded(&config.data, crate::kv::redb::RedbOptions::default()).await?;
     let catalog = Catalog::new(store, Keyspace::default());
+    upgrade(&catalog).await?;
     for commit in &commits {
         let report = crate::write::commit_batch(&catalog, &commit.batch)
             .await

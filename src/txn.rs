@@ -99,6 +99,8 @@ enum Ending {
     RolledBack,
     /// Its commit was refused (validation, conflict): nothing was written.
     Failed,
+    /// Its commit reached the store, which did not say whether it applied it.
+    OutcomeUnknown,
     Expired,
 }
 
@@ -360,6 +362,13 @@ impl Transactions {
             Some(Ending::Failed) => {
                 "ended when its commit was refused; nothing of it was written".to_owned()
             }
+            Some(Ending::OutcomeUnknown) => {
+                return Error::CommitUnknown {
+                    reason: format!(
+                        "transaction {id} ended with its commit, whose outcome the store did not report"
+                    ),
+                };
+            }
             Some(Ending::Expired) => format!(
                 "expired after {} s idle and was rolled back; nothing of it was written",
                 self.config.idle_timeout.as_secs()
@@ -455,6 +464,7 @@ impl Transactions {
                 *rows += match &op {
                     Op::Insert(insert) => insert.len() as u64,
                     Op::Delete(_) | Op::Update(_) => 1,
+                    Op::Hold(_) => 0,
                 };
                 if *rows > self.config.max_rows {
                     return Err(Error::LimitExceeded {
@@ -526,10 +536,14 @@ impl Transactions {
             }),
         };
         txn.discard();
-        if outcome.is_err()
+        if let Err(err) = &outcome
             && let Some(ended) = self.registry().ended.get_mut(id)
         {
-            ended.how = Ending::Failed;
+            ended.how = if matches!(err, Error::CommitUnknown { .. }) {
+                Ending::OutcomeUnknown
+            } else {
+                Ending::Failed
+            };
         }
         outcome
     }
@@ -538,7 +552,8 @@ impl Transactions {
     /// whose commit was refused, succeeds: nothing of it is stored either way.
     ///
     /// # Errors
-    /// [`Error::TransactionNotOpen`] for a committed, expired or unknown transaction.
+    /// [`Error::TransactionNotOpen`] for a committed, expired or unknown transaction;
+    /// [`Error::CommitUnknown`] for one whose commit's outcome is unknown (it may be stored).
     pub fn rollback(&self, id: &TxnId) -> Result<()> {
         let now = Instant::now();
         let mut registry = self.registry();
@@ -629,6 +644,63 @@ mod tests {
                 is_partition: Some(false),
             }])),
         ]
+    }
+
+    /// A store that takes every commit and never says whether it applied it.
+    #[derive(Debug, Default)]
+    struct Unanswered(crate::kv::memory::MemoryBackend);
+
+    #[async_trait::async_trait]
+    impl crate::kv::KvBackend for Unanswered {
+        fn name(&self) -> &'static str {
+            "unanswered"
+        }
+
+        async fn snapshot(
+            &self,
+        ) -> std::result::Result<Arc<dyn crate::kv::KvSnapshot>, crate::kv::KvError> {
+            self.0.snapshot().await
+        }
+
+        async fn commit(
+            &self,
+            _: Arc<crate::kv::StagedWrites>,
+        ) -> std::result::Result<crate::kv::CommitOutcome, crate::kv::KvError> {
+            Ok(crate::kv::CommitOutcome::Unknown {
+                reason: "the store did not answer".into(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_outcome_is_told_by_every_later_call() {
+        let store = Store::new(
+            Arc::new(Unanswered::default()),
+            crate::kv::StoreLimits::embedded(),
+        );
+        let txns = Transactions::new(
+            Catalog::new(store, Keyspace::new(KeyPrefix::none())),
+            TxnConfig::default(),
+        );
+        let id = txns.begin(Some("s"));
+        txns.stage(&id, mapping(1)).await.expect("staged");
+        let unknown = |err: &Error| {
+            let status = crate::flight::status::to_status(err);
+            status.code() == tonic::Code::Unavailable
+                && status.message().contains("outcome unknown")
+        };
+        let err = txns.commit(&id).await.expect_err("outcome unknown");
+        assert!(unknown(&err), "{err}");
+        // Not "nothing was written", and not a rollback that pretends to have discarded it.
+        let err = txns.rollback(&id).expect_err("cannot roll back");
+        assert!(
+            unknown(&err) && err.to_string().contains(&id.to_string()),
+            "{err}"
+        );
+        let err = txns.stage(&id, mapping(2)).await.expect_err("ended");
+        assert!(unknown(&err), "{err}");
+        let err = txns.commit(&id).await.expect_err("ended");
+        assert!(unknown(&err), "{err}");
     }
 
     #[tokio::test]

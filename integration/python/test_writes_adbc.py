@@ -815,6 +815,91 @@ def test_disjoint_transactions_both_commit(uri, ids):
                   "two disjoint commits")
 
 
+def ended(state: CatalogState, ids: Sequence[int], end_snapshot: int) -> CatalogState:
+    """`state` with the files `ids` ended at `end_snapshot`."""
+    names = column_names(DATA_FILE)
+    at = names.index("end_snapshot")
+    rows = [r for r in state[DATA_FILE] if r[0] in ids]
+    out = state.without_rows(DATA_FILE, lambda rec: rec["data_file_id"] in ids)
+    return out.with_rows(DATA_FILE, [r[:at] + (end_snapshot,) + r[at + 1:] for r in rows])
+
+
+def end_files_sql(end_snapshot: int, where: str) -> str:
+    """DuckLake's end transition (a file fully deleted, or DROP TABLE)."""
+    return (f"UPDATE {DATA_FILE} SET end_snapshot = {end_snapshot} "
+            f"WHERE end_snapshot IS NULL AND {where}")
+
+
+def commit_loses(conn, what: str) -> None:
+    """The commit is refused as a conflict (gRPC ABORTED)."""
+    with pytest.raises(flightsql.Error) as e:
+        conn.commit()
+    check_error(e.value, flightsql.OperationalError, words=["conflict"], what=what)
+
+
+def test_concurrent_ends_of_one_file_one_wins(uri, ids):
+    """Two transactions end the same file: the later commit is told the file changed, instead
+    of overwriting the first one's end_snapshot."""
+    t = ids.table()
+    f = data_file(ids.file(), t, None)
+    commit_setup(uri, files=[f])
+    before = read_state(uri)
+    a, b = connect(uri), connect(uri)
+    try:
+        assert dml(a, end_files_sql(5, f"data_file_id IN ({f[0]})")) == 1
+        assert dml(b, end_files_sql(6, f"data_file_id IN ({f[0]})")) == 1
+        a.commit()
+        commit_loses(b, "the second end of one file")
+    finally:
+        a.close()
+        b.close()
+    assert_stored(uri, ended(before, [f[0]], 5), "the first end only")
+
+
+def test_one_data_file_id_in_two_tables_one_wins(uri, ids):
+    """data_file_id is unique across tables, also between concurrent transactions."""
+    before = read_state(uri)
+    file_id = ids.file()
+    fa, fb = data_file(file_id, ids.table(), None), data_file(file_id, ids.table(), None)
+    a, b = connect(uri), connect(uri)
+    try:
+        ingest_ok(a, DATA_FILE, [fa])
+        ingest_ok(b, DATA_FILE, [fb])
+        a.commit()
+        commit_loses(b, "the same data_file_id in another table")
+    finally:
+        a.close()
+        b.close()
+    assert_stored(uri, before.with_rows(DATA_FILE, [fa]), "the first table's file only")
+
+
+@pytest.mark.parametrize("first", ["drop", "insert"])
+def test_drop_table_and_an_insert_into_it_one_wins(uri, ids, first):
+    """DROP TABLE's end of every file of a table and a concurrent insert into the table: the
+    later commit loses, whichever it is, so no file stays live in a dropped table."""
+    t = ids.table()
+    old = data_file(ids.file(), t, None)
+    commit_setup(uri, files=[old])
+    before = read_state(uri)
+    new = data_file(ids.file(), t, None)
+    dropper, inserter = connect(uri), connect(uri)
+    try:
+        assert dml(dropper, end_files_sql(9, f"table_id IN ({t})")) == 1
+        ingest_ok(inserter, DATA_FILE, [new])
+        if first == "drop":
+            dropper.commit()
+            commit_loses(inserter, "an insert into a table dropped concurrently")
+            want = ended(before, [old[0]], 9)
+        else:
+            inserter.commit()
+            commit_loses(dropper, "a drop of a table inserted into concurrently")
+            want = before.with_rows(DATA_FILE, [new])
+    finally:
+        dropper.close()
+        inserter.close()
+    assert_stored(uri, want, f"only the {first}")
+
+
 # --------------------------------------------------------------------------------------------
 # DML through cursor.execute.
 
@@ -880,8 +965,8 @@ def test_insert_with_parameters(uri, ids):
 
 
 def test_executemany_inserts_and_deletes_row_by_row(uri, ids):
-    """`executemany` sends every parameter row in one CommandPreparedStatementUpdate: an
-    INSERT stages them all as one change, a DELETE runs once per row; rowcount is the sum."""
+    """`executemany` sends every parameter row in one CommandPreparedStatementUpdate, applied
+    as one change; rowcount is the sum."""
     before = read_state(uri)
     t = ids.table()
     m = Mapping(ids.file(), t, [(0, "s", 1, None, False), (1, "a", 2, 0, False),
@@ -906,6 +991,36 @@ def test_executemany_inserts_and_deletes_row_by_row(uri, ids):
         cur.close()
     after = m.added_to(before).with_rows(DATA_FILE, [files[1]])
     assert_stored(uri, after, "executemany INSERT of files, then DELETE of two of them")
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_executemany_applies_every_row_or_none(uri, ids, autocommit):
+    """A multi-row prepared UPDATE whose second row is refused changes nothing: not the first
+    row, and (in a transaction) not what the transaction staged before it."""
+    t = ids.table()
+    live, done = data_file(ids.file(), t, None), data_file(ids.file(), t, None, end_snapshot=3)
+    commit_setup(uri, files=[live, done])
+    before = read_state(uri)
+    with connection(uri) as conn:
+        if autocommit:
+            conn.adbc_connection.set_autocommit(True)
+        cur = conn.cursor()
+        staged = data_file(ids.file(), t, None)
+        if not autocommit:
+            ingest_ok(conn, DATA_FILE, [staged])
+        with pytest.raises(flightsql.Error) as e:
+            # The second file has ended already: its row is refused.
+            cur.executemany(f"UPDATE {DATA_FILE} SET end_snapshot = ? WHERE data_file_id = ?",
+                            [(7, live[0]), (8, done[0])])
+        check_error(e.value, flightsql.ProgrammingError, ids=[done[0]],
+                    words=["already ended"], what="a refused second row")
+        if not autocommit:
+            assert_state(state_of(conn), before.with_rows(DATA_FILE, [staged]),
+                         "the transaction after the refused executemany")
+            conn.commit()
+            before = before.with_rows(DATA_FILE, [staged])
+        cur.close()
+    assert_stored(uri, before, "after a refused executemany")
 
 
 def test_insert_violating_a_constraint_is_refused(uri, ids):

@@ -1,7 +1,8 @@
 //! Snapshot reads of the catalog's records: point gets, index look-ups and paged range scans.
 //!
 //! This is the one place that knows how records are found: a table's rows by key range, rows
-//! by id through the id indexes, and rows in id order across tables. It never writes. Records
+//! by id through the id indexes, and rows in id order across tables. It writes only to bring a
+//! store of an earlier layout up to date ([`Catalog::upgrade`]). Records
 //! leave as [`Page`]s of stored pairs; [`check_mapping`] and [`check_data_file`] read a pair in
 //! place and check it against its key (a value whose ids disagree with its key is
 //! corruption, reported as such).
@@ -17,7 +18,7 @@ use crate::codec::{
     decode_mapping, hex, read_data_file, read_mapping, read_mapping_raw,
 };
 use crate::error::Result;
-use crate::kv::{KeyRange, Page, PageSize, Snapshot, StagedWrites, Store};
+use crate::kv::{CommitOutcome, Conflict, KeyRange, Page, PageSize, Snapshot, StagedWrites, Store};
 use crate::model::{ColumnMapping, MappingId, TableId};
 
 /// Index entries read per page when rows are read in id order.
@@ -57,6 +58,63 @@ impl Catalog {
         &self.keyspace
     }
 
+    /// Brings a store written by an earlier moraine to the current layout: moves the entries
+    /// of the data-file index from its first layout (`data_file_id, table_id` in the key) to
+    /// the unique one (the id alone), one page per commit, so that an interrupted upgrade
+    /// resumes where it stopped. Returns how many entries moved.
+    ///
+    /// # Errors
+    /// [`Error::Kv`](crate::Error::Kv) when the store fails, and
+    /// [`Error::Config`](crate::Error::Config) when two tables hold the same `data_file_id`
+    /// (which the first layout let concurrent commits do): the index cannot be unique until
+    /// one of them is removed.
+    pub async fn upgrade(&self) -> Result<u64> {
+        let old = self.keyspace.kind_range(Kind::DataFileByIdV1);
+        let mut moved = 0;
+        loop {
+            let snapshot = self.store.snapshot().await?;
+            let page = snapshot.page(&old, PageSize::rows(UPGRADE_PAGE)).await?;
+            if page.is_empty() {
+                return Ok(moved);
+            }
+            let mut writes = crate::kv::WriteSet::new();
+            let mut previous: Option<RowKey> = None;
+            for (key, _) in page.iter() {
+                let entry = self.keyspace.decode(key)?;
+                if let Some(previous) = previous.filter(|p| p.id == entry.id) {
+                    return Err(duplicate_file(entry.id, previous.table_id, entry.table_id));
+                }
+                previous = Some(entry);
+                writes.delete(key.to_vec()).insert(
+                    self.keyspace
+                        .row_key(Kind::DataFileById, entry.table_id, entry.id),
+                    Keyspace::index_value(Kind::DataFileById, entry.table_id),
+                );
+            }
+            let entries = page.len() as u64;
+            match self.store.commit(writes).await? {
+                CommitOutcome::Committed => moved += entries,
+                CommitOutcome::Conflict(Conflict::AlreadyExists { key }) => {
+                    let id = self.keyspace.decode_head(&key)?.1;
+                    let now = self.snapshot().await?;
+                    let held = now.index_rows(Kind::DataFileById, &[id]).await?;
+                    let first = held.first().map_or(TableId(0), |row| row.table_id);
+                    let second = page
+                        .iter()
+                        .filter_map(|(key, _)| self.keyspace.decode(key).ok())
+                        .find(|row| row.id == id)
+                        .map_or(TableId(0), |row| row.table_id);
+                    return Err(duplicate_file(id, first, second));
+                }
+                // Another server upgrading the same keyspace moved these first: read on.
+                CommitOutcome::Conflict(_) => {}
+                CommitOutcome::Unknown { reason } => {
+                    return Err(crate::Error::CommitUnknown { reason });
+                }
+            }
+        }
+    }
+
     /// A consistent view of the catalog.
     ///
     /// # Errors
@@ -66,6 +124,20 @@ impl Catalog {
             snapshot: self.store.snapshot().await?,
             keyspace: self.keyspace.clone(),
         })
+    }
+}
+
+/// Index entries one commit of [`Catalog::upgrade`] moves.
+const UPGRADE_PAGE: usize = 1024;
+
+fn duplicate_file(data_file_id: i64, first: TableId, second: TableId) -> crate::Error {
+    crate::Error::Config {
+        setting: "data directory",
+        reason: format!(
+            "data_file_id {data_file_id} is in table {first} and in table {second}; \
+             data_file_id is unique across tables, so remove one of the two files (with an \
+             earlier moraine) before starting this one"
+        ),
     }
 }
 
@@ -183,8 +255,8 @@ impl CatalogSnapshot {
 
     fn index_page_rows(&self, index: Kind, page: &Page) -> Result<Vec<RowKey>> {
         page.iter()
-            .map(|(key, _)| {
-                let entry = self.keyspace.decode(key)?;
+            .map(|(key, value)| {
+                let entry = self.keyspace.decode_entry(key, value)?;
                 Ok(RowKey {
                     kind: index.counterpart(),
                     ..entry
@@ -257,8 +329,8 @@ impl CatalogSnapshot {
         let mut tables: Vec<(TableId, Vec<i64>)> = Vec::new();
         let mut slot_of: HashMap<TableId, usize> = HashMap::new();
         let mut order: Vec<usize> = Vec::with_capacity(entries.len());
-        for (key, _) in entries.iter() {
-            let entry = self.keyspace.decode(key)?;
+        for (key, value) in entries.iter() {
+            let entry = self.keyspace.decode_entry(key, value)?;
             if keep.is_some_and(|keep| !keep(entry.table_id)) {
                 continue;
             }

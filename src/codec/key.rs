@@ -8,16 +8,27 @@
 //! | 8         | `table_id`, big-endian, sign bit flipped                               |
 //! | 8         | row id (`mapping_id` or `data_file_id`), big-endian, sign bit flipped  |
 //!
-//! Index kinds (in the index subspace) store the same two ids in the other order, row id
-//! first, with an empty value: the key alone says which row it points to, and a range of row
-//! ids (DuckLake's `mapping_id >= cursor`, `data_file_id IN (...)`) is one range of the index.
+//! Index kinds (in the index subspace) put the row id first: the key alone says which row it
+//! points to, and a range of row ids (DuckLake's `mapping_id >= cursor`, `data_file_id IN
+//! (...)`) is one range of the index. The data-file index is unique: its key is the id alone
+//! and its value the table, so one `data_file_id` can be in one table only, and two
+//! transactions inserting it anywhere collide on one key. Guard keys, one per table and row
+//! kind, are what a transaction that acts on a whole table range (DROP TABLE's end of every
+//! file, a delete of every row) writes and what every insert into that table checks, so the
+//! two conflict on every backend.
 //!
-//! | kind             | subspace | tag  | components                 |
-//! |------------------|----------|------|----------------------------|
-//! | `Mapping`        | current  | 0x01 | `table_id, mapping_id`     |
-//! | `DataFile`       | current  | 0x02 | `table_id, data_file_id`   |
-//! | `MappingById`    | index    | 0x01 | `mapping_id, table_id`     |
-//! | `DataFileById`   | index    | 0x02 | `data_file_id, table_id`   |
+//! | kind             | subspace | tag  | components                 | value      |
+//! |------------------|----------|------|----------------------------|------------|
+//! | `Mapping`        | current  | 0x01 | `table_id, mapping_id`     | record     |
+//! | `DataFile`       | current  | 0x02 | `table_id, data_file_id`   | record     |
+//! | `MappingById`    | index    | 0x01 | `mapping_id, table_id`     | empty      |
+//! | `DataFileByIdV1` | index    | 0x02 | `data_file_id, table_id`   | empty      |
+//! | `DataFileById`   | index    | 0x03 | `data_file_id`             | `table_id` |
+//! | `MappingGuard`   | guard    | 0x01 | `table_id`                 | counter    |
+//! | `DataFileGuard`  | guard    | 0x02 | `table_id`                 | counter    |
+//!
+//! `DataFileByIdV1` is the data-file index of stores written before the index was unique;
+//! opening such a store moves its entries to `DataFileById` (see `catalog::upgrade`).
 //!
 //! Flipping the sign bit makes the unsigned byte order of an id equal its signed order, so
 //! `(table_id, row id)` tuples sort in the store exactly as the integers do and every table of
@@ -33,7 +44,7 @@ use crate::model::{DataFileId, MappingId, TableId};
 /// Longest deployment key prefix, in bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
 
-/// Bytes after the prefix in every key: subspace, kind, two ids.
+/// Bytes after the prefix in a key of two ids: subspace, kind, two ids.
 const ROW_KEY_LEN: usize = 1 + 1 + 8 + 8;
 
 /// The top-level division of the keyspace.
@@ -44,6 +55,8 @@ pub enum Subspace {
     Current = 0x01,
     /// Secondary indexes: the id indexes of mappings and data files.
     Index = 0x02,
+    /// One guard key per table and row kind.
+    Guard = 0x03,
 }
 
 /// What a key's row is. The kind tag follows the subspace byte.
@@ -55,17 +68,27 @@ pub enum Kind {
     DataFile,
     /// Index of mappings by `mapping_id`: key `(mapping_id, table_id)`, empty value.
     MappingById,
-    /// Index of data files by `data_file_id`: key `(data_file_id, table_id)`, empty value.
+    /// The unique index of data files by `data_file_id`: key `data_file_id`, value `table_id`.
     DataFileById,
+    /// The index of data files by `data_file_id` before it was unique: key `(data_file_id,
+    /// table_id)`, empty value. Read only to upgrade a store.
+    DataFileByIdV1,
+    /// The guard of a table's mappings: key `table_id`, value a counter.
+    MappingGuard,
+    /// The guard of a table's data files: key `table_id`, value a counter.
+    DataFileGuard,
 }
 
 impl Kind {
     /// Every kind, in key order.
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Mapping,
         Kind::DataFile,
         Kind::MappingById,
+        Kind::DataFileByIdV1,
         Kind::DataFileById,
+        Kind::MappingGuard,
+        Kind::DataFileGuard,
     ];
 
     /// The subspace this kind lives in.
@@ -73,7 +96,8 @@ impl Kind {
     pub fn subspace(self) -> Subspace {
         match self {
             Kind::Mapping | Kind::DataFile => Subspace::Current,
-            Kind::MappingById | Kind::DataFileById => Subspace::Index,
+            Kind::MappingById | Kind::DataFileById | Kind::DataFileByIdV1 => Subspace::Index,
+            Kind::MappingGuard | Kind::DataFileGuard => Subspace::Guard,
         }
     }
 
@@ -81,20 +105,48 @@ impl Kind {
     #[must_use]
     pub fn tag(self) -> u8 {
         match self {
-            Kind::Mapping | Kind::MappingById => 0x01,
-            Kind::DataFile | Kind::DataFileById => 0x02,
+            Kind::Mapping | Kind::MappingById | Kind::MappingGuard => 0x01,
+            Kind::DataFile | Kind::DataFileByIdV1 | Kind::DataFileGuard => 0x02,
+            Kind::DataFileById => 0x03,
         }
     }
 
-    /// The index kind that finds rows of this kind by row id, or the row kind an index kind
-    /// points to.
+    /// How many ids the key holds after the kind byte.
+    #[must_use]
+    pub fn arity(self) -> usize {
+        match self {
+            Kind::Mapping | Kind::DataFile | Kind::MappingById | Kind::DataFileByIdV1 => 2,
+            Kind::DataFileById | Kind::MappingGuard | Kind::DataFileGuard => 1,
+        }
+    }
+
+    /// The guard kind of a row kind's tables.
+    ///
+    /// # Panics
+    /// Never for a row kind; any other kind is a caller bug caught in debug builds.
+    #[must_use]
+    pub fn guard(self) -> Kind {
+        debug_assert!(
+            self.subspace() == Subspace::Current,
+            "only row kinds have guards"
+        );
+        match self {
+            Kind::DataFile | Kind::DataFileById | Kind::DataFileByIdV1 | Kind::DataFileGuard => {
+                Kind::DataFileGuard
+            }
+            Kind::Mapping | Kind::MappingById | Kind::MappingGuard => Kind::MappingGuard,
+        }
+    }
+
+    /// The index kind that finds rows of this kind by row id, or the row kind an index or
+    /// guard kind is about.
     #[must_use]
     pub fn counterpart(self) -> Kind {
         match self {
             Kind::Mapping => Kind::MappingById,
             Kind::DataFile => Kind::DataFileById,
-            Kind::MappingById => Kind::Mapping,
-            Kind::DataFileById => Kind::DataFile,
+            Kind::MappingById | Kind::MappingGuard => Kind::Mapping,
+            Kind::DataFileById | Kind::DataFileByIdV1 | Kind::DataFileGuard => Kind::DataFile,
         }
     }
 
@@ -149,7 +201,8 @@ impl KeyPrefix {
     }
 }
 
-/// A decoded key: of a row, or of an index entry pointing to the row `(table_id, id)`.
+/// A decoded key: of a row, or of an index entry pointing to the row `(table_id, id)`, or of a
+/// guard (`id` 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RowKey {
     /// The key's kind.
@@ -202,6 +255,9 @@ impl Keyspace {
 
     /// Appends the key of [`row_key`](Self::row_key) to `out`, so that callers building many
     /// keys can build them into one buffer.
+    ///
+    /// A key of one id holds the row id for an index kind (the table goes in the entry's
+    /// value, [`index_value`](Self::index_value)) and `table_id` for a guard.
     pub fn put_row_key(&self, out: &mut Vec<u8>, kind: Kind, table_id: TableId, id: i64) {
         let (first, second) = if kind.is_index() {
             (id, table_id.0)
@@ -212,13 +268,53 @@ impl Keyspace {
         out.push(kind.subspace() as u8);
         out.push(kind.tag());
         out.extend_from_slice(&encode_i64(first));
-        out.extend_from_slice(&encode_i64(second));
+        if kind.arity() == 2 {
+            out.extend_from_slice(&encode_i64(second));
+        }
     }
 
     /// The index entry of a row key: the same row under `kind.counterpart()`.
     #[must_use]
     pub fn index_key(&self, row: RowKey) -> Vec<u8> {
         self.row_key(row.kind.counterpart(), row.table_id, row.id)
+    }
+
+    /// The value of the index entry of kind `index` for a row of table `table_id`: the table,
+    /// where the key does not hold it.
+    #[must_use]
+    pub fn index_value(index: Kind, table_id: TableId) -> Vec<u8> {
+        if index.is_index() && index.arity() == 1 {
+            encode_i64(table_id.0).to_vec()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The guard key of the tables of row kind `kind`, for table `table_id`.
+    #[must_use]
+    pub fn guard_key(&self, kind: Kind, table_id: TableId) -> Vec<u8> {
+        self.row_key(kind.guard(), table_id, 0)
+    }
+
+    /// Parses an index entry, key and value, into the row it points to.
+    ///
+    /// # Errors
+    /// As [`decode`](Self::decode), or [`CodecError::IndexValue`] for a value that is not a
+    /// table id where the key leaves the table to the value.
+    pub fn decode_entry(&self, key: &[u8], value: &[u8]) -> Result<RowKey, CodecError> {
+        let (kind, first, second) = self.components(key)?;
+        if kind.is_index() && kind.arity() == 1 {
+            let table = <[u8; 8]>::try_from(value).map_err(|_| CodecError::IndexValue {
+                key: hex(key),
+                len: value.len(),
+            })?;
+            return Ok(RowKey {
+                kind,
+                table_id: TableId(decode_i64(table)),
+                id: first,
+            });
+        }
+        Ok(row_of(kind, first, second))
     }
 
     /// Every entry of index `kind` for the row ids `ids.start()..=ids.end()`: one range.
@@ -311,42 +407,66 @@ impl Keyspace {
     /// Parses a row key of this deployment.
     ///
     /// # Errors
-    /// A [`CodecError`] naming what does not match: prefix, subspace, kind or length.
+    /// A [`CodecError`] naming what does not match: prefix, subspace, kind or length, or
+    /// [`CodecError::TableInValue`] for an index entry whose table only its value holds
+    /// ([`decode_entry`](Self::decode_entry) reads those).
     pub fn decode(&self, key: &[u8]) -> Result<RowKey, CodecError> {
+        let (kind, first, second) = self.components(key)?;
+        if kind.is_index() && kind.arity() == 1 {
+            return Err(CodecError::TableInValue { key: hex(key) });
+        }
+        Ok(row_of(kind, first, second))
+    }
+
+    /// The kind of a key of this deployment, or of a range bound holding at least its first
+    /// id, and that id (the row id of an index entry, the table of a row or a guard).
+    ///
+    /// # Errors
+    /// As [`decode`](Self::decode), except that any valid key or such bound parses.
+    pub fn decode_head(&self, key: &[u8]) -> Result<(Kind, i64), CodecError> {
+        let (kind, first, _) = self.parse(key, true)?;
+        Ok((kind, first))
+    }
+
+    fn components(&self, key: &[u8]) -> Result<(Kind, i64, i64), CodecError> {
+        self.parse(key, false)
+    }
+
+    /// The kind and ids of `key`; with `head`, a key cut after its first id parses too.
+    fn parse(&self, key: &[u8], head: bool) -> Result<(Kind, i64, i64), CodecError> {
         let rest = key
             .strip_prefix(self.prefix.as_bytes())
             .ok_or_else(|| CodecError::ForeignPrefix { key: hex(key) })?;
         let Some((&subspace, rest)) = rest.split_first() else {
-            return Err(length_error(key, 0));
+            return Err(length_error(key, 0, ROW_KEY_LEN));
         };
-        if subspace != Subspace::Current as u8 && subspace != Subspace::Index as u8 {
+        if ![Subspace::Current, Subspace::Index, Subspace::Guard]
+            .iter()
+            .any(|known| *known as u8 == subspace)
+        {
             return Err(CodecError::UnknownSubspace {
                 key: hex(key),
                 subspace,
             });
         }
         let Some((&tag, ids)) = rest.split_first() else {
-            return Err(length_error(key, 1));
+            return Err(length_error(key, 1, ROW_KEY_LEN));
         };
         let kind = Kind::from_bytes(subspace, tag).ok_or_else(|| CodecError::UnknownKind {
             key: hex(key),
             kind: tag,
         })?;
-        let (first, second) = ids
-            .split_first_chunk::<8>()
-            .and_then(|(first, rest)| Some((first, <&[u8; 8]>::try_from(rest).ok()?)))
-            .ok_or_else(|| length_error(key, 2 + ids.len()))?;
-        let (first, second) = (decode_i64(*first), decode_i64(*second));
-        let (table_id, id) = if kind.is_index() {
-            (second, first)
-        } else {
-            (first, second)
+        let expected = 2 + 8 * kind.arity();
+        let head_only = head && (8..8 * kind.arity()).contains(&ids.len());
+        if ids.len() != 8 * kind.arity() && !head_only {
+            return Err(length_error(key, 2 + ids.len(), expected));
+        }
+        let id = |at: usize| {
+            ids.get(at..at + 8)
+                .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+                .map_or(0, decode_i64)
         };
-        Ok(RowKey {
-            kind,
-            table_id: TableId(table_id),
-            id,
-        })
+        Ok((kind, id(0), id(8)))
     }
 
     fn kind_head(&self, kind: Kind) -> Vec<u8> {
@@ -365,11 +485,25 @@ impl Keyspace {
     }
 }
 
-fn length_error(key: &[u8], actual: usize) -> CodecError {
+fn length_error(key: &[u8], actual: usize, expected: usize) -> CodecError {
     CodecError::KeyLength {
         key: hex(key),
-        expected: ROW_KEY_LEN,
+        expected,
         actual,
+    }
+}
+
+/// The row a key of two ids (or a guard's one) names.
+fn row_of(kind: Kind, first: i64, second: i64) -> RowKey {
+    let (table_id, id) = if kind.is_index() {
+        (second, first)
+    } else {
+        (first, second)
+    };
+    RowKey {
+        kind,
+        table_id: TableId(table_id),
+        id,
     }
 }
 

@@ -61,6 +61,20 @@ pub enum CodecError {
         /// The byte found.
         kind: u8,
     },
+    /// An index entry whose table is in its value was decoded from its key alone.
+    #[error("key {key} is an index entry whose table is in its value")]
+    TableInValue {
+        /// The key, in hex.
+        key: String,
+    },
+    /// An index entry's value is not the table id it must be.
+    #[error("index entry {key} has a value of {len} bytes, not a table id")]
+    IndexValue {
+        /// The key, in hex.
+        key: String,
+        /// The value's length.
+        len: usize,
+    },
     /// The key is shorter or longer than its kind's layout.
     #[error("key {key} is {actual} bytes after the prefix, its layout has {expected}")]
     KeyLength {

@@ -76,7 +76,7 @@ fn table_of_path(path: &[String]) -> Result<TicketKind> {
     let unknown = || Error::NotFound {
         what: format!(
             "table {:?} (served: {})",
-            path.first().map(String::as_str).unwrap_or_default(),
+            crate::error::excerpt(path.first().map(String::as_str).unwrap_or_default()),
             CatalogTable::ALL.map(CatalogTable::name).join(", ")
         ),
     };

@@ -127,7 +127,7 @@ fn not_found(handle: &[u8], why: &str) -> Error {
     Error::NotFound {
         what: format!(
             "prepared statement {} ({why})",
-            String::from_utf8_lossy(handle)
+            crate::error::excerpt(&String::from_utf8_lossy(handle))
         ),
     }
 }

@@ -201,7 +201,8 @@ impl MoraineSqlService {
             _ => {
                 return Err(Error::NotFound {
                     what: format!(
-                        "upload path {path:?} (accepted: [\"ducklake_mapping\"] with rows in the shape of DuckLake's mapping load query, [\"ducklake_data_file\"] with data-file rows, [\"ducklake_commit\"] with both)"
+                        "upload path {:?} (accepted: [\"ducklake_mapping\"] with rows in the shape of DuckLake's mapping load query, [\"ducklake_data_file\"] with data-file rows, [\"ducklake_commit\"] with both)",
+                        crate::error::excerpt(&path.join("/")),
                     ),
                 });
             }
@@ -329,7 +330,10 @@ pub(crate) fn flight_stream(
         .build(batches)
         .map_err(|err| match err {
             FlightError::Tonic(status) => *status,
-            other => Status::internal(other.to_string()),
+            other => to_status(&Error::Internal {
+                context: "encoding a result stream",
+                reason: other.to_string(),
+            }),
         });
     Box::pin(encoded)
 }
@@ -349,7 +353,12 @@ fn schema_bytes(schema: &SchemaRef) -> Result<Vec<u8>, Status> {
     }
     let message: IpcMessage = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
         .try_into()
-        .map_err(|err: datafusion::arrow::error::ArrowError| Status::internal(err.to_string()))?;
+        .map_err(|err: datafusion::arrow::error::ArrowError| {
+            to_status(&Error::Internal {
+                context: "encoding a schema",
+                reason: err.to_string(),
+            })
+        })?;
     Ok(message.0.to_vec())
 }
 
@@ -376,9 +385,12 @@ impl FlightSqlService for MoraineSqlService {
         let mut response = Response::new(
             Box::pin(futures::stream::once(async { Ok(response) })) as BoxedStream<_>
         );
-        let header = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| Status::internal("session token is not a valid header value"))?;
+        let header = format!("Bearer {token}").parse().map_err(|_| {
+            to_status(&Error::Internal {
+                context: "answering a handshake",
+                reason: "the session token is not a valid header value".into(),
+            })
+        })?;
         response.metadata_mut().insert("authorization", header);
         Ok(response)
     }
@@ -516,22 +528,15 @@ impl FlightSqlService for MoraineSqlService {
         if rows.is_empty() {
             rows.push(prepared.bound);
         }
-        if write.is_insert() {
-            // One staged change for every row: an INSERT's rows do not depend on each other,
-            // and staging them together validates the transaction once, not once per row.
-            let view = status(self.view(txn.as_ref()).await)?;
-            let mut ops = Vec::new();
-            for params in rows {
-                ops.extend(status(self.engine.write_ops(&view, &write, params).await)?);
-            }
-            return status(self.apply(ops, txn.as_ref(), Some(view)).await);
-        }
-        let mut total = 0_i64;
+        // Every parameter row is one statement of one request, all of them found against the
+        // same view and applied together: all rows land or none does, and inside a
+        // transaction a refused row leaves the transaction as it was.
+        let view = status(self.view(txn.as_ref()).await)?;
+        let mut ops = Vec::new();
         for params in rows {
-            total =
-                total.saturating_add(status(self.run_write(&write, params, txn.as_ref()).await)?);
+            ops.extend(status(self.engine.write_ops(&view, &write, params).await)?);
         }
-        Ok(total)
+        status(self.apply(ops, txn.as_ref(), Some(view)).await)
     }
 
     async fn do_put_statement_update(
@@ -619,24 +624,28 @@ impl FlightSqlService for MoraineSqlService {
             .try_collect()
             .await
             .map_err(|err| {
-                Status::invalid_argument(format!("parameter batch does not decode: {err}"))
+                to_status(&Error::InvalidRequest {
+                    reason: format!("parameter batch does not decode: {err}"),
+                })
             })?;
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         let values = match batches.iter().find(|b| b.num_rows() > 0) {
             Some(batch) if rows == 1 => status(params_of_row(batch, 0))?,
             Some(_) => {
-                return Err(Status::invalid_argument(format!(
-                    "a query binds one row of parameters, got {rows}"
-                )));
+                return Err(to_status(&Error::InvalidRequest {
+                    reason: format!("a query binds one row of parameters, got {rows}"),
+                }));
             }
             None => Vec::new(),
         };
         if values.len() != prepared.parameters.fields().len() {
-            return Err(Status::invalid_argument(format!(
-                "statement takes {} parameters, {} were bound",
-                prepared.parameters.fields().len(),
-                values.len()
-            )));
+            return Err(to_status(&Error::InvalidRequest {
+                reason: format!(
+                    "statement takes {} parameters, {} were bound",
+                    prepared.parameters.fields().len(),
+                    values.len()
+                ),
+            }));
         }
         status(self.prepared.bind(&handle, values))?;
         Ok(DoPutPreparedStatementResult {
@@ -739,10 +748,12 @@ impl FlightSqlService for MoraineSqlService {
         query: CommandGetSqlInfo,
         _request: Request<Ticket>,
     ) -> Result<Response<BoxedStream<arrow_flight::FlightData>>, Status> {
-        let batch = query
-            .into_builder(&self.sql_info)
-            .build()
-            .map_err(|err| Status::internal(err.to_string()))?;
+        let batch = query.into_builder(&self.sql_info).build().map_err(|err| {
+            to_status(&Error::Internal {
+                context: "building a metadata result",
+                reason: err.to_string(),
+            })
+        })?;
         Ok(Response::new(one_batch(batch)))
     }
 
@@ -763,7 +774,12 @@ impl FlightSqlService for MoraineSqlService {
         let batch = query
             .into_builder(&metadata::XDBC_TYPES)
             .build()
-            .map_err(|err| Status::internal(err.to_string()))?;
+            .map_err(|err| {
+                to_status(&Error::Internal {
+                    context: "building a metadata result",
+                    reason: err.to_string(),
+                })
+            })?;
         Ok(Response::new(one_batch(batch)))
     }
 
@@ -855,7 +871,10 @@ fn ingest_target(cmd: &CommandStatementIngest) -> Result<CatalogTable> {
     use arrow_flight::sql::{TableExistsOption, TableNotExistOption};
     if cmd.temporary {
         return Err(Error::InvalidRequest {
-            reason: format!("cannot ingest into a temporary table {}", cmd.table),
+            reason: format!(
+                "cannot ingest into a temporary table {}",
+                crate::error::excerpt(&cmd.table)
+            ),
         });
     }
     let catalog_ok = cmd
@@ -873,7 +892,7 @@ fn ingest_target(cmd: &CommandStatementIngest) -> Result<CatalogTable> {
             return Err(Error::Unsupported {
                 what: format!(
                     "cannot create table {}: the catalog tables are fixed ({})",
-                    cmd.table,
+                    crate::error::excerpt(&cmd.table),
                     CatalogTable::ALL.map(CatalogTable::name).join(", ")
                 ),
             });
@@ -881,7 +900,7 @@ fn ingest_target(cmd: &CommandStatementIngest) -> Result<CatalogTable> {
         return Err(Error::NotFound {
             what: format!(
                 "table {} (ingest appends to {})",
-                cmd.table,
+                crate::error::excerpt(&cmd.table),
                 CatalogTable::ALL.map(CatalogTable::name).join(", ")
             ),
         });

@@ -54,7 +54,9 @@ fn code_of(err: &Error) -> Code {
             }
         }
         Error::CommitConflict { .. } => Code::Aborted,
-        Error::CommitUnknown { .. } => Code::Unknown,
+        // The store may or may not have applied it: retrying later, after a read, is the
+        // client's way on.
+        Error::CommitUnknown { .. } => Code::Unavailable,
         Error::Query { kind, .. } => match kind {
             // A query that fails while running failed on its own terms (a cast, a division
             // by zero): the client's to fix.
@@ -68,6 +70,7 @@ fn code_of(err: &Error) -> Code {
         Error::NotFound { .. } => Code::NotFound,
         Error::AlreadyExists { .. } => Code::AlreadyExists,
         Error::InvalidRequest { .. } | Error::Config { .. } => Code::InvalidArgument,
+        Error::Internal { .. } => Code::Internal,
     }
 }
 

@@ -12,8 +12,7 @@ use bytes::Bytes;
 
 use super::page::fill_page;
 use super::{
-    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, Requirement,
-    StagedWrites,
+    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites,
 };
 
 type Map = BTreeMap<Bytes, Bytes>;
@@ -39,7 +38,19 @@ impl KvBackend for MemoryBackend {
 
     async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
         let mut guard = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(conflict) = first_unmet(&writes, |key| guard.contains_key(key)) {
+        let unmet = writes.first_unmet(
+            |key| Ok::<_, KvError>(guard.get(key)),
+            |range, pair| {
+                for (key, value) in guard.range::<[u8], _>((
+                    Bound::Included(range.start.as_slice()),
+                    Bound::Excluded(range.end.as_slice()),
+                )) {
+                    pair(key, value);
+                }
+                Ok(())
+            },
+        )?;
+        if let Some(conflict) = unmet {
             return Ok(CommitOutcome::Conflict(conflict));
         }
         let map = Arc::make_mut(&mut guard);
@@ -56,25 +67,6 @@ impl KvBackend for MemoryBackend {
         }
         Ok(CommitOutcome::Committed)
     }
-}
-
-/// The first requirement of `writes` that the store does not meet, as a conflict.
-/// Shared by backends that check requirements themselves.
-pub(crate) fn first_unmet(
-    writes: &StagedWrites,
-    mut present: impl FnMut(&[u8]) -> bool,
-) -> Option<Conflict> {
-    writes
-        .iter()
-        .find_map(|(key, staged)| match staged.requirement {
-            Requirement::None => None,
-            Requirement::Absent => {
-                present(key).then(|| Conflict::AlreadyExists { key: key.to_vec() })
-            }
-            Requirement::Present => {
-                (!present(key)).then(|| Conflict::Missing { key: key.to_vec() })
-            }
-        })
 }
 
 struct MemorySnapshot {

@@ -13,6 +13,7 @@
 //!
 //! A [`Page`] holds its pairs in one buffer: a scan allocates per page, not per pair.
 
+mod digest;
 pub mod memory;
 mod overlay;
 mod page;
@@ -30,8 +31,9 @@ use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt as _};
 
 pub use crate::key_range::KeyRange;
+pub use digest::{Digest, Digester};
 pub use page::{KvPair, Page, PageSize};
-pub use staged::{Prior, Requirement, Staged, StagedWrites, Undo};
+pub use staged::{Prior, RangeRequirement, Requirement, Staged, StagedWrites, Undo};
 pub use write_set::{Mutation, WriteSet};
 
 use crate::key_range::hex;
@@ -96,6 +98,25 @@ pub enum Conflict {
     Missing {
         /// The key.
         key: Vec<u8>,
+    },
+    /// A record the transaction read and updates or deletes was changed since it was read.
+    #[error("key {} was changed since it was read", hex(key))]
+    Changed {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// A range the transaction read whole no longer holds what it read: a row was inserted,
+    /// changed or removed in it since.
+    #[error(
+        "the range from {} to {} was changed since it was read",
+        hex(start),
+        hex(end)
+    )]
+    RangeChanged {
+        /// The range's first key.
+        start: Vec<u8>,
+        /// The key after the range.
+        end: Vec<u8>,
     },
     /// A concurrent transaction wrote a key this one writes.
     #[error("write conflict on key {}", key.as_deref().map(hex).unwrap_or_default())]

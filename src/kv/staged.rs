@@ -9,8 +9,9 @@ use std::ops::Bound;
 
 use bytes::Bytes;
 
+use super::digest::{Digest, Digester};
 use super::write_set::Mutation;
-use super::{KeyRange, KvError, StoreLimits};
+use super::{Conflict, KeyRange, KvError, StoreLimits};
 
 /// What a key must be in the store before the commit for it to apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,28 @@ pub enum Requirement {
     Absent,
     /// Present.
     Present,
+    /// Present, with the value the transaction read (by its digest): an update or delete of
+    /// a record commits only if no other commit changed the record since it was read.
+    Unchanged(Digest),
+}
+
+/// A range the transaction read whole and acted on (a range delete, the end of every file of
+/// a table): the commit applies only if the range still holds exactly what it held in the
+/// transaction's snapshot, so that a row inserted, changed or removed there concurrently
+/// conflicts with it instead of escaping it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeRequirement {
+    /// The range.
+    pub range: KeyRange,
+    /// The digest of its pairs in the snapshot, in key order.
+    pub digest: Digest,
+}
+
+impl RangeRequirement {
+    /// Whether `pairs`, the range's contents now in key order, are what was read.
+    pub fn holds<'a>(&self, pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> bool {
+        Digester::of_pairs(pairs) == self.digest
+    }
 }
 
 /// A transaction's net effect on one key.
@@ -73,6 +96,8 @@ enum Step {
 #[must_use = "an undo log does nothing unless it is applied or dropped on purpose"]
 pub struct Undo {
     previous: Vec<(Bytes, Option<Staged>)>,
+    /// How many range requirements there were before the first one this change added.
+    ranges_before: Option<usize>,
     /// Whether changes are recorded at all: a change that will never be taken back need not
     /// keep what it replaced.
     recording: bool,
@@ -89,6 +114,7 @@ impl Undo {
     pub fn new() -> Self {
         Self {
             previous: Vec::new(),
+            ranges_before: None,
             recording: true,
         }
     }
@@ -97,6 +123,7 @@ impl Undo {
     pub fn off() -> Self {
         Self {
             previous: Vec::new(),
+            ranges_before: None,
             recording: false,
         }
     }
@@ -116,7 +143,7 @@ impl Undo {
     /// Whether the change touched nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.previous.is_empty()
+        self.previous.is_empty() && self.ranges_before.is_none()
     }
 }
 
@@ -124,7 +151,9 @@ impl Undo {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StagedWrites {
     entries: BTreeMap<Bytes, Staged>,
-    /// Key and value bytes of every entry.
+    /// Ranges that must be unchanged at the commit.
+    ranges: Vec<RangeRequirement>,
+    /// Key and value bytes of every entry, and the bounds of every range requirement.
     bytes: usize,
 }
 
@@ -197,6 +226,91 @@ impl StagedWrites {
         self.entries.iter()
     }
 
+    /// The ranges that must be unchanged at the commit, in the order they were required.
+    #[must_use]
+    pub fn ranges(&self) -> &[RangeRequirement] {
+        &self.ranges
+    }
+
+    /// Whether a commit must check anything in the store before it applies.
+    #[must_use]
+    pub fn has_requirements(&self) -> bool {
+        !self.ranges.is_empty()
+            || self
+                .entries
+                .values()
+                .any(|staged| staged.requirement != Requirement::None)
+    }
+
+    /// Requires `key` to be in `requirement`'s state at the commit, writing nothing, unless
+    /// the transaction already decided the key (wrote it or required something of it): then
+    /// what it decided stands. Callers state what the snapshot showed before they write a
+    /// stored record (an update, a delete) or when they depend on a key they do not write.
+    pub fn require(&mut self, key: Bytes, requirement: Requirement, undo: &mut Undo) {
+        if let Entry::Vacant(slot) = self.entries.entry(key) {
+            undo.record(slot.key().clone(), None);
+            self.bytes += slot.key().len();
+            slot.insert(Staged {
+                requirement,
+                write: None,
+            });
+        }
+    }
+
+    /// Requires `range` to hold, at the commit, exactly the pairs whose digest is `digest`:
+    /// those of the transaction's snapshot.
+    pub fn require_range(&mut self, range: KeyRange, digest: Digest, undo: &mut Undo) {
+        if undo.recording {
+            undo.ranges_before.get_or_insert(self.ranges.len());
+        }
+        self.bytes += range.start.len() + range.end.len();
+        self.ranges.push(RangeRequirement { range, digest });
+    }
+
+    /// The first requirement these writes make that the store does not meet, as a conflict.
+    /// `value` reads a key's current value and `range` the current pairs of a range, in key
+    /// order, handing them to the function it is given; both see the store as the commit
+    /// would find it.
+    ///
+    /// # Errors
+    /// The first error of `value` or `range`.
+    pub fn first_unmet<E, V: AsRef<[u8]>>(
+        &self,
+        mut value: impl FnMut(&[u8]) -> Result<Option<V>, E>,
+        mut range: impl FnMut(&KeyRange, &mut dyn FnMut(&[u8], &[u8])) -> Result<(), E>,
+    ) -> Result<Option<Conflict>, E> {
+        for (key, staged) in &self.entries {
+            let unmet = match staged.requirement {
+                Requirement::None => continue,
+                Requirement::Absent => value(key)?
+                    .is_some()
+                    .then(|| Conflict::AlreadyExists { key: key.to_vec() }),
+                Requirement::Present => value(key)?
+                    .is_none()
+                    .then(|| Conflict::Missing { key: key.to_vec() }),
+                Requirement::Unchanged(digest) => match value(key)? {
+                    None => Some(Conflict::Missing { key: key.to_vec() }),
+                    Some(now) => (Digest::of_value(now.as_ref()) != digest)
+                        .then(|| Conflict::Changed { key: key.to_vec() }),
+                },
+            };
+            if unmet.is_some() {
+                return Ok(unmet);
+            }
+        }
+        for required in &self.ranges {
+            let mut digester = Digester::new();
+            range(&required.range, &mut |key, value| digester.pair(key, value))?;
+            if digester.finish() != required.digest {
+                return Ok(Some(Conflict::RangeChanged {
+                    start: required.range.start.clone(),
+                    end: required.range.end.clone(),
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     /// Stages `key = value` whatever was there.
     ///
     /// # Errors
@@ -218,7 +332,12 @@ impl StagedWrites {
     /// be present, in one look-up; says which.
     pub fn insert_new(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Prior {
         let prior = match self.entries.get(&key) {
-            None => Prior::Unstaged,
+            // Nothing, or only a check that the key is absent.
+            None
+            | Some(Staged {
+                write: None,
+                requirement: Requirement::Absent,
+            }) => Prior::Unstaged,
             Some(Staged {
                 write: Some(None), ..
             }) => Prior::Deleted,
@@ -290,11 +409,28 @@ impl StagedWrites {
             Mutation::Insert { key, value } => self.insert(key, value, undo),
             Mutation::Delete { key } => self.delete(key, undo),
             Mutation::RequirePresent { key } => self.require_present(key, undo),
+            Mutation::RequireAbsent { key } => {
+                self.require(key, Requirement::Absent, undo);
+                Ok(())
+            }
+            Mutation::RequireUnchanged { key, digest } => {
+                self.require(key, Requirement::Unchanged(digest), undo);
+                Ok(())
+            }
+            Mutation::RequireRange { range, digest } => {
+                self.require_range(range, digest, undo);
+                Ok(())
+            }
         }
     }
 
     /// Takes back every change `undo` recorded, newest first.
     pub fn undo(&mut self, undo: Undo) {
+        if let Some(before) = undo.ranges_before {
+            for range in self.ranges.drain(before..) {
+                self.bytes -= range.range.start.len() + range.range.end.len();
+            }
+        }
         for (key, previous) in undo.previous.into_iter().rev() {
             if let Some(now) = self.entries.remove(&key) {
                 self.bytes -= now.bytes(&key);
@@ -339,9 +475,11 @@ impl StagedWrites {
                     key: slot.key().to_vec(),
                     reason,
                 };
-                let present_here = match &next.write {
-                    Some(value) => Some(value.is_some()),
-                    None => (next.requirement == Requirement::Present).then_some(true),
+                let present_here = match (&next.write, next.requirement) {
+                    (Some(value), _) => Some(value.is_some()),
+                    (None, Requirement::Present | Requirement::Unchanged(_)) => Some(true),
+                    (None, Requirement::Absent) => Some(false),
+                    (None, Requirement::None) => None,
                 };
                 match step {
                     Step::Put(value) => next.write = Some(Some(value)),
@@ -413,8 +551,27 @@ impl StagedWrites {
             .iter()
             .map(|(k, staged)| (key(k), staged.clone()))
             .collect();
-        let bytes = entries.iter().map(|(k, s)| s.bytes(k)).sum();
-        StagedWrites { entries, bytes }
+        let ranges: Vec<RangeRequirement> = self
+            .ranges
+            .iter()
+            .map(|required| RangeRequirement {
+                range: KeyRange::new(
+                    key(&required.range.start).to_vec(),
+                    key(&required.range.end).to_vec(),
+                ),
+                digest: required.digest,
+            })
+            .collect();
+        let bytes = entries.iter().map(|(k, s)| s.bytes(k)).sum::<usize>()
+            + ranges
+                .iter()
+                .map(|r| r.range.start.len() + r.range.end.len())
+                .sum::<usize>();
+        StagedWrites {
+            entries,
+            ranges,
+            bytes,
+        }
     }
 }
 

@@ -9,11 +9,14 @@
 //!   a transaction reads) and need no lock between them.
 //! - A scan page is one bounded `scan(range, limit)`: the client sends one `KvScan` per region
 //!   with that limit and merges the answers, so the limit bounds every region's response too.
-//! - A commit is one optimistic transaction. Its requirements are read at its start timestamp
-//!   and every key it requires or writes is part of its prewrite, so a concurrent writer of any
-//!   of them makes one of the two conflict. A write conflict is retried internally with a new
-//!   timestamp, a bounded number of times: a write set carries no reads of its caller, so
-//!   applying it at a later timestamp is what the other backends do too.
+//! - A commit is one optimistic transaction. Its requirements (keys absent, present or
+//!   unchanged since the caller read them, ranges unchanged) are read at its start timestamp,
+//!   and every key it requires or writes is part of its prewrite, so a concurrent writer of
+//!   any of them makes one of the two conflict. A write conflict is retried internally with a
+//!   new timestamp, a bounded number of times, and the retry checks every requirement again:
+//!   a write set that depends on what its caller read is never applied over a change the
+//!   caller did not see. A range requirement's own keys are not locked; what writes into such
+//!   a range locks is a guard key the range's writer changes (see `codec::key`).
 //! - Reads, and commits before their prewrite, wait out locks of live transactions for up to
 //!   [`TikvOptions::lock_wait`]; the client resolves expired locks itself.
 //! - Nobody else advances the GC safe point: [`TikvBackend::advance_gc`] (or the task of
@@ -30,7 +33,6 @@ use tikv_client::{
     Transaction, TransactionClient, TransactionOptions,
 };
 
-use super::memory::first_unmet;
 use super::{
     CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, Requirement,
     StagedWrites,
@@ -248,31 +250,23 @@ impl TikvBackend {
         let mut txn = self
             .waiting_for_pd(|| self.client.begin_with_options(Self::write_options()))
             .await?;
-        let required: Vec<Vec<u8>> = writes
-            .iter()
-            .filter(|(_, staged)| staged.requirement != Requirement::None)
-            .map(|(key, _)| key.to_vec())
-            .collect();
-        if !required.is_empty() {
-            let present = loop {
-                match txn.batch_get(required.iter().cloned().map(Key::from)).await {
-                    Ok(pairs) => {
-                        break pairs
-                            .map(|pair| Vec::<u8>::from(pair.into_key()))
-                            .collect::<std::collections::BTreeSet<_>>();
-                    }
-                    Err(err)
-                        if is_lock_wait(&err) && started.elapsed() < self.options.lock_wait =>
-                    {
-                        tokio::time::sleep(LOCK_RETRY_PAUSE).await;
-                    }
-                    Err(err) => {
-                        abandon(&mut txn).await;
-                        return Err(read_error(err));
-                    }
+        if writes.has_requirements() {
+            // The requirements are read at the commit's own start timestamp; every key they
+            // name is in its prewrite (written or locked), so a change after that conflicts.
+            let reads = Snapshot {
+                client: self.client.clone(),
+                timestamp: txn.start_timestamp(),
+                lock_wait: self.options.lock_wait.saturating_sub(started.elapsed()),
+                _registration: OpenSnapshot::register(&self.open, txn.start_timestamp().version()),
+            };
+            let unmet = match requirements_unmet(&reads, writes).await {
+                Ok(unmet) => unmet,
+                Err(err) => {
+                    abandon(&mut txn).await;
+                    return Err(err);
                 }
             };
-            if let Some(conflict) = first_unmet(writes, |key| present.contains(key)) {
+            if let Some(conflict) = unmet {
                 abandon(&mut txn).await;
                 return Ok(Attempt::Done(CommitOutcome::Conflict(conflict)));
             }
@@ -338,6 +332,54 @@ impl TikvBackend {
             },
         }
     }
+}
+
+/// The first requirement of `writes` that the store, read through `reads`, does not meet.
+async fn requirements_unmet(
+    reads: &Snapshot,
+    writes: &StagedWrites,
+) -> Result<Option<Conflict>, KvError> {
+    let required: Vec<Vec<u8>> = writes
+        .iter()
+        .filter(|(_, staged)| staged.requirement != Requirement::None)
+        .map(|(key, _)| key.to_vec())
+        .collect();
+    let values: BTreeMap<Vec<u8>, Vec<u8>> = required
+        .iter()
+        .cloned()
+        .zip(reads.batch_get(&required).await?)
+        .filter_map(|(key, value)| Some((key, value?)))
+        .collect();
+    let mut ranges = Vec::with_capacity(writes.ranges().len());
+    for required in writes.ranges() {
+        let mut pages = Vec::new();
+        let mut rest = required.range.clone();
+        while !rest.is_empty() {
+            let page = reads.scan_page(&rest, PageSize::default()).await?;
+            let next = match page.last_key() {
+                Some(last) if !page.is_exhausted() => Some(rest.after(last)),
+                _ => None,
+            };
+            pages.push(page);
+            match next {
+                Some(next) => rest = next,
+                None => break,
+            }
+        }
+        ranges.push(pages);
+    }
+    let mut next_range = ranges.iter();
+    writes.first_unmet(
+        |key| Ok(values.get(key)),
+        |_, pair| {
+            for page in next_range.next().into_iter().flatten() {
+                for (key, value) in page.iter() {
+                    pair(key, value);
+                }
+            }
+            Ok(())
+        },
+    )
 }
 
 /// The background GC task of [`TikvBackend::spawn_gc`]; dropping it stops the task.

@@ -3,8 +3,9 @@
 
 use bytes::Bytes;
 
-use super::KvError;
+use super::digest::Digest;
 use super::staged::{StagedWrites, Undo};
+use super::{KeyRange, KvError};
 
 /// One mutation of a [`WriteSet`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +35,32 @@ pub enum Mutation {
     RequirePresent {
         /// The key.
         key: Bytes,
+    },
+    /// Write nothing, but fail the whole commit with
+    /// [`Conflict::AlreadyExists`](super::Conflict::AlreadyExists) if `key` is present. Has
+    /// no effect after a mutation of the same key.
+    RequireAbsent {
+        /// The key.
+        key: Bytes,
+    },
+    /// Write nothing, but fail the whole commit with
+    /// [`Conflict::Changed`](super::Conflict::Changed) (or `Missing`) unless `key` holds a
+    /// value whose digest is `digest`. Has no effect after a mutation of the same key: it
+    /// states what was read before writing.
+    RequireUnchanged {
+        /// The key.
+        key: Bytes,
+        /// The digest of the value read.
+        digest: Digest,
+    },
+    /// Write nothing, but fail the whole commit with
+    /// [`Conflict::RangeChanged`](super::Conflict::RangeChanged) unless `range` holds pairs
+    /// whose digest is `digest`.
+    RequireRange {
+        /// The range.
+        range: KeyRange,
+        /// The digest of its pairs as read.
+        digest: Digest,
     },
 }
 
@@ -74,6 +101,24 @@ impl WriteSet {
     /// Adds a [`Mutation::RequirePresent`].
     pub fn require_present(&mut self, key: impl Into<Bytes>) -> &mut Self {
         self.push(Mutation::RequirePresent { key: key.into() })
+    }
+
+    /// Adds a [`Mutation::RequireAbsent`].
+    pub fn require_absent(&mut self, key: impl Into<Bytes>) -> &mut Self {
+        self.push(Mutation::RequireAbsent { key: key.into() })
+    }
+
+    /// Adds a [`Mutation::RequireUnchanged`].
+    pub fn require_unchanged(&mut self, key: impl Into<Bytes>, digest: Digest) -> &mut Self {
+        self.push(Mutation::RequireUnchanged {
+            key: key.into(),
+            digest,
+        })
+    }
+
+    /// Adds a [`Mutation::RequireRange`].
+    pub fn require_range(&mut self, range: KeyRange, digest: Digest) -> &mut Self {
+        self.push(Mutation::RequireRange { range, digest })
     }
 
     /// Adds any mutation.

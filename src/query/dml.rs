@@ -6,12 +6,16 @@
 //! deletes exactly those; `UPDATE ducklake_data_file SET end_snapshot = e WHERE p` reads the
 //! matching files with the value of `e`; `INSERT INTO t [(cols)] <query>` runs the query.
 //! Filters on `table_id`, `mapping_id` and `data_file_id` reach the scans as key ranges, as for
-//! any query. The changes are then staged and validated like any other.
+//! any query. What the query's scans read is held until the commit ([`Hold`]), so that a
+//! concurrent change there conflicts with the statement. The changes are then staged and
+//! validated like any other.
 
 use datafusion::arrow::array::AsArray as _;
 use datafusion::arrow::datatypes::{Field, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     AssignmentTarget, Delete, Expr, FromTable, Insert, ObjectName, Statement, TableFactor,
@@ -20,12 +24,13 @@ use datafusion::sql::sqlparser::ast::{
 use futures::TryStreamExt as _;
 use std::sync::Arc;
 
+use super::scan::CatalogScanExec;
 use super::{QueryEngine, from_datafusion, rewrite};
 use crate::catalog::CatalogSnapshot;
 use crate::error::{Error, Result};
 use crate::model::{CatalogTable, DataFileId, MappingId};
 use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
-use crate::write::{Delete as DeleteOp, EndTarget, Op, Update};
+use crate::write::{Delete as DeleteOp, EndTarget, Hold, Op, Update};
 
 /// A write statement, parsed and checked, ready to find its rows.
 #[derive(Debug, Clone)]
@@ -81,7 +86,7 @@ fn table_of(name: &ObjectName) -> Result<CatalogTable> {
     table
         .and_then(|t| CatalogTable::from_name(t))
         .ok_or_else(|| Error::NotFound {
-            what: format!("table {name}"),
+            what: format!("table {}", crate::error::excerpt(&name.to_string())),
         })
 }
 
@@ -254,14 +259,7 @@ fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
     })
 }
 
-impl WriteStatement {
-    /// Whether the statement inserts (its rows do not depend on earlier rows of the same
-    /// batch of parameters).
-    #[must_use]
-    pub fn is_insert(&self) -> bool {
-        matches!(self.action, Action::Insert { .. })
-    }
-}
+impl WriteStatement {}
 
 impl QueryEngine {
     /// The write statement `sql` is, or `None` for anything else (a query, or SQL that does
@@ -312,7 +310,29 @@ impl QueryEngine {
         if let Action::Refused(op) = &write.action {
             return Ok(vec![op.clone()]);
         }
-        let mut stream = self.execute_at(view, &write.query, params).await?;
+        let physical = self.physical(view, &write.query, params).await?;
+        // What the statement reads to find its rows is held until the commit, so that a
+        // concurrent change there (a file inserted into a table it ends whole) conflicts.
+        let mut holds = Vec::new();
+        if !matches!(write.action, Action::Insert { .. }) {
+            holds_of(&physical, &mut holds);
+        }
+        let mut stream =
+            datafusion::physical_plan::execute_stream(physical, Arc::clone(&self.task))
+                .map_err(from_datafusion)?;
+        let mut ops = self.ops_of(write, &mut stream).await?;
+        if !ops.is_empty() {
+            ops.splice(0..0, holds.into_iter().map(Op::Hold));
+        }
+        Ok(ops)
+    }
+
+    /// The changes of `write` from the rows its query streams.
+    async fn ops_of(
+        &self,
+        write: &WriteStatement,
+        stream: &mut SendableRecordBatchStream,
+    ) -> Result<Vec<Op>> {
         match &write.action {
             Action::Refused(_) => Ok(Vec::new()),
             Action::Delete => {
@@ -391,6 +411,16 @@ impl QueryEngine {
                 Ok(ops)
             }
         }
+    }
+}
+
+/// What every catalog scan of `plan` reads, as holds.
+fn holds_of(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Hold>) {
+    if let Some(scan) = plan.downcast_ref::<CatalogScanExec>() {
+        out.push(scan.hold());
+    }
+    for child in plan.children() {
+        holds_of(child, out);
     }
 }
 

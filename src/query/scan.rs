@@ -36,6 +36,12 @@ use super::pushdown::IdSet;
 use crate::catalog::CatalogSnapshot;
 use crate::codec::Kind;
 use crate::kv::{KeyRange, Page, PageSize};
+use crate::model::{DataFileId, TableId};
+use crate::write::Hold;
+
+/// Most tables or data-file ids a write statement holds one by one; a statement that read
+/// more holds the ranges it read.
+const MAX_HELD_IDS: usize = 4096;
 
 /// How a scan finds its records.
 #[derive(Debug, Clone)]
@@ -156,6 +162,43 @@ impl CatalogScanExec {
                     .unwrap_or_default()
             ),
             Access::Merge { tables, .. } => format!("merge of tables {tables:?} in id order"),
+        }
+    }
+
+    /// What the scan reads, as a write statement holds it until its commit: whole tables when
+    /// it reads whole tables, the files it names when it reads data files by a few ids, and
+    /// otherwise the key ranges it reads.
+    pub fn hold(&self) -> Hold {
+        let kind = self.kind();
+        let keyspace = self.snapshot.keyspace();
+        match &self.access {
+            Access::Ranges {
+                tables: Some(tables),
+                ..
+            } if self.keep.ids.is_none()
+                && let Some(tables) = tables.enumerate(MAX_HELD_IDS) =>
+            {
+                Hold::Tables {
+                    kind,
+                    tables: tables.into_iter().map(TableId).collect(),
+                }
+            }
+            Access::Merge { tables, .. } => Hold::Tables {
+                kind,
+                tables: tables.iter().copied().map(TableId).collect(),
+            },
+            Access::Ranges { ranges, .. } => Hold::Ranges(ranges.clone()),
+            Access::IdOrder { ids, .. } => match ids.enumerate(MAX_HELD_IDS) {
+                Some(ids) if kind == Kind::DataFile => {
+                    Hold::DataFileIds(ids.into_iter().map(DataFileId).collect())
+                }
+                _ => Hold::Ranges(
+                    ids.ranges()
+                        .iter()
+                        .map(|ids| keyspace.id_span(kind.counterpart(), ids.clone()))
+                        .collect(),
+                ),
+            },
         }
     }
 

@@ -70,22 +70,42 @@ pub async fn commit(catalog: &Catalog, staging: Staging) -> Result<CommitReport>
     }
 }
 
-/// The conflict in the catalog's terms: which mapping or data file changed underneath.
+/// The conflict in the catalog's terms: which mapping, data file or table changed underneath.
 fn describe(catalog: &Catalog, conflict: &Conflict) -> String {
     let (key, what) = match conflict {
-        Conflict::AlreadyExists { key } => (Some(key), "was created concurrently"),
-        Conflict::Missing { key } => (Some(key), "was deleted concurrently"),
-        Conflict::WriteConflict { key } => (key.as_ref(), "was written concurrently"),
+        Conflict::AlreadyExists { key } => (key, "was created concurrently"),
+        Conflict::Missing { key } => (key, "was deleted concurrently"),
+        Conflict::Changed { key } => (key, "was changed concurrently"),
+        Conflict::RangeChanged { start, .. } => (start, "changed concurrently"),
+        Conflict::WriteConflict { key: Some(key) } => (key, "was written concurrently"),
+        Conflict::WriteConflict { key: None } => return conflict.to_string(),
     };
-    let Some(row) = key.and_then(|key| catalog.keyspace().decode(key).ok()) else {
+    let keyspace = catalog.keyspace();
+    let Ok((kind, first)) = keyspace.decode_head(key) else {
         return conflict.to_string();
     };
-    match row.kind {
-        Kind::Mapping | Kind::MappingById => {
-            format!("mapping {} of table {} {what}", row.id, row.table_id)
+    let row = keyspace.decode(key).ok();
+    let (table, id) = match row {
+        Some(row) => (Some(row.table_id), row.id),
+        None => (None, first),
+    };
+    match (kind, conflict, table) {
+        (Kind::DataFileById, Conflict::RangeChanged { .. }, _) => {
+            format!("the data files with ids from {first} on {what}")
         }
-        Kind::DataFile | Kind::DataFileById => {
-            format!("data file {} of table {} {what}", row.id, row.table_id)
+        (_, Conflict::RangeChanged { .. }, _) | (Kind::MappingGuard | Kind::DataFileGuard, ..) => {
+            // A guard changes when a statement acts on its table whole; whatever the
+            // backend's account, the table's rows changed under the transaction.
+            let rows = match kind.counterpart() {
+                Kind::Mapping => "mappings",
+                _ => "data files",
+            };
+            format!("the {rows} of table {first} changed concurrently")
         }
+        (Kind::Mapping | Kind::MappingById, _, Some(table)) => {
+            format!("mapping {id} of table {table} {what}")
+        }
+        (_, _, Some(table)) => format!("data file {id} of table {table} {what}"),
+        (_, _, None) => format!("data file {id} {what}"),
     }
 }

@@ -72,6 +72,27 @@ pub enum Op {
     Delete(Delete),
     /// Rows updated.
     Update(Update),
+    /// What a statement read to find its rows, held until the commit: a concurrent change
+    /// there then conflicts with it. Changes nothing itself.
+    Hold(Hold),
+}
+
+/// What a statement read to find the rows it deletes or updates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// Whole tables of a row kind: each table's range must be unchanged at the commit, and
+    /// its guard moves on, so an insert into one of them conflicts whichever commits first.
+    Tables {
+        /// [`Kind::Mapping`](crate::codec::Kind::Mapping) or
+        /// [`Kind::DataFile`](crate::codec::Kind::DataFile).
+        kind: crate::codec::Kind,
+        /// The tables.
+        tables: Vec<TableId>,
+    },
+    /// Data files by id: each as read, and the ids not found still absent.
+    DataFileIds(Vec<DataFileId>),
+    /// Key ranges read whole, each to be unchanged at the commit.
+    Ranges(Vec<crate::kv::KeyRange>),
 }
 
 /// Rows inserted into one catalog table: a batch in the table's canonical form (every column,

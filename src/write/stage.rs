@@ -22,7 +22,7 @@ use futures::StreamExt as _;
 
 use super::fold::{self, OwnedName};
 use super::validate::Violation;
-use super::{Delete, EndTarget, Insert, Op, Update};
+use super::{Delete, EndTarget, Hold, Insert, Op, Update};
 use crate::batch::Columns;
 use crate::batch::{column_mapping, data_file, name_mapping};
 use crate::catalog::{CatalogSnapshot, check_data_file};
@@ -31,7 +31,7 @@ use crate::codec::{
     encode_mapping_into, read_mapping,
 };
 use crate::error::{Error, Result};
-use crate::kv::{PageSize, Prior, Requirement, StagedWrites, Undo};
+use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, StagedWrites, Undo};
 use crate::model::{CatalogTable, Cell, TableId};
 
 /// Bytes of bookkeeping per staged key beyond its key and value: the map's node share, two
@@ -354,10 +354,137 @@ fn key_into(out: &mut Vec<u8>, keyspace: &Keyspace, kind: Kind, table_id: i64, i
     keyspace.put_row_key(out, kind, TableId(table_id), id);
 }
 
+/// What a commit must find at a key for the snapshot's `value` there to still hold.
+fn as_read(value: Option<&[u8]>) -> Requirement {
+    value.map_or(Requirement::Absent, |value| {
+        Requirement::Unchanged(Digest::of_value(value))
+    })
+}
+
 fn canonical(insert: &Insert) -> Result<Columns<'_>> {
     Columns::new(insert.rows(), insert.table().columns()).map_err(|err| Error::InvalidRequest {
         reason: format!("rows for {}: {err}", insert.table()),
     })
+}
+
+impl Staging {
+    /// Makes the commit depend on the guards of the tables of row kind `kind` that `tables`
+    /// inserts into: a concurrent commit that acted on a whole table (and so changed its
+    /// guard) then conflicts with this one. Each table's guard is read once per transaction.
+    async fn guard_inserts(&mut self, kind: Kind, tables: impl Iterator<Item = i64>) -> Result<()> {
+        let keyspace = self.base.keyspace().clone();
+        let mut tables: Vec<i64> = tables.collect();
+        tables.sort_unstable();
+        tables.dedup();
+        let keys: Vec<Vec<u8>> = tables
+            .into_iter()
+            .map(|table| keyspace.guard_key(kind, TableId(table)))
+            .filter(|key| self.writes.get(key).is_none())
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let values = self.base.values(&keys).await?;
+        let (writes, undo, _, _) = self.parts();
+        for (key, value) in keys.into_iter().zip(values) {
+            writes.require(Bytes::from(key), as_read(value.as_deref()), undo);
+        }
+        Ok(())
+    }
+
+    /// The rows of row kind `kind` in `tables`, as the transaction sees them, for a change
+    /// that acts on those tables whole (a delete of every row, the end of every file). The
+    /// commit then requires each table's range to hold what the snapshot held, and moves each
+    /// table's guard on, so that a concurrent insert, change or delete there conflicts with
+    /// it, whichever commits first.
+    async fn hold_tables(
+        &mut self,
+        kind: Kind,
+        tables: &[TableId],
+    ) -> Result<Vec<crate::codec::RowKey>> {
+        let keyspace = self.base.keyspace().clone();
+        let mut rows = Vec::new();
+        for range in keyspace.tables_ranges(kind, tables.iter().copied()) {
+            let mut digester = Digester::new();
+            let mut stored = Vec::new();
+            let mut pages = self.base.pages(vec![range.clone()], PageSize::default());
+            while let Some(page) = pages.next().await {
+                for (key, value) in page?.iter() {
+                    digester.pair(key, value);
+                    stored.push(Bytes::copy_from_slice(key));
+                }
+            }
+            // The view: the stored keys, less those the transaction deleted, with those it
+            // wrote, in key order.
+            let mut keys: BTreeSet<Bytes> = stored.into_iter().collect();
+            for (key, value) in self.writes.written_in(&range) {
+                if value.is_some() {
+                    keys.insert(key.clone());
+                } else {
+                    keys.remove(key);
+                }
+            }
+            for key in keys {
+                rows.push(keyspace.decode(&key)?);
+            }
+            let (writes, undo, _, _) = self.parts();
+            writes.require_range(range, digester.finish(), undo);
+        }
+        let guards: Vec<Vec<u8>> = tables
+            .iter()
+            .map(|table| keyspace.guard_key(kind, *table))
+            .collect();
+        let stored = self.base.values(&guards).await?;
+        let (writes, undo, _, _) = self.parts();
+        for (key, stored) in guards.into_iter().zip(stored) {
+            let key = Bytes::from(key);
+            let now = if let Some(staged) = writes.read(&key) {
+                staged.map(|value| value.to_vec())
+            } else {
+                writes.require(key.clone(), as_read(stored.as_deref()), undo);
+                stored
+            };
+            let count = now
+                .as_deref()
+                .and_then(|value| <[u8; 8]>::try_from(value).ok())
+                .map_or(0, u64::from_be_bytes);
+            let next = Bytes::copy_from_slice(&count.wrapping_add(1).to_be_bytes());
+            writes.put(key, next, undo)?;
+        }
+        Ok(rows)
+    }
+
+    /// Makes the commit depend on the stored values of the rows `rows` of row kind `kind` that
+    /// the transaction has not written: a delete or update of them then conflicts with a
+    /// concurrent change. The ids `asked` for that the view does not hold must stay absent
+    /// (for data files, whose ids are unique), so that a concurrent insert of one conflicts
+    /// too.
+    async fn hold_rows(
+        &mut self,
+        kind: Kind,
+        rows: &[crate::codec::RowKey],
+        asked: &[i64],
+    ) -> Result<()> {
+        let keyspace = self.base.keyspace().clone();
+        let keys: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|row| keyspace.row_key(kind, row.table_id, row.id))
+            .filter(|key| self.writes.get(key).is_none())
+            .collect();
+        let values = self.base.values(&keys).await?;
+        let (writes, undo, _, _) = self.parts();
+        for (key, value) in keys.into_iter().zip(values) {
+            writes.require(Bytes::from(key), as_read(value.as_deref()), undo);
+        }
+        if kind == Kind::DataFile {
+            let found: BTreeSet<i64> = rows.iter().map(|row| row.id).collect();
+            for id in asked.iter().filter(|id| !found.contains(id)) {
+                let key = keyspace.row_key(Kind::DataFileById, TableId(0), *id);
+                writes.require(Bytes::from(key), Requirement::Absent, undo);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Staging {
@@ -377,6 +504,11 @@ impl Staging {
             },
             Op::Delete(delete) => self.delete(delete, violations).await?,
             Op::Update(update) => self.update(update, violations).await?,
+            Op::Hold(hold) => {
+                self.hold(hold).await?;
+                // Not a change: it affects no rows and has no count of its own.
+                return Ok(0);
+            }
         };
         self.affected.push(affected);
         Ok(affected)
@@ -419,6 +551,8 @@ impl Staging {
             };
             candidates.push((row, table_id, mapping_id));
         }
+        self.guard_inserts(Kind::Mapping, candidates.iter().map(|(_, table, _)| *table))
+            .await?;
         // Does the snapshot hold the keys? One index span (what the staged writes decide is
         // looked at once per key, when it is inserted).
         let keyspace = self.base.keyspace().clone();
@@ -643,34 +777,25 @@ impl Staging {
             };
             candidates.push((row, data_file_id, table_id));
         }
+        self.guard_inserts(
+            Kind::DataFile,
+            candidates.iter().map(|(_, _, table)| *table),
+        )
+        .await?;
         let keyspace = self.base.keyspace().clone();
         let (in_base, found) = self.files_in_base(&rows, &candidates).await?;
         let mut key = Vec::new();
-        let (mut lo, mut hi) = (Vec::new(), Vec::new());
         let mut references = Vec::new();
         for ((row, data_file_id, table_id), found) in candidates.into_iter().zip(found) {
+            // The index is unique: its one key per id says whether the transaction wrote it.
             key_into(
-                &mut lo,
+                &mut key,
                 &keyspace,
                 Kind::DataFileById,
-                i64::MIN,
+                table_id,
                 data_file_id,
             );
-            key_into(
-                &mut hi,
-                &keyspace,
-                Kind::DataFileById,
-                i64::MAX,
-                data_file_id,
-            );
-            let staged_here = self
-                .writes
-                .written((
-                    std::ops::Bound::Included(lo.as_slice()),
-                    std::ops::Bound::Included(hi.as_slice()),
-                ))
-                .any(|(_, value)| value.is_some());
-            if staged_here {
+            if matches!(self.writes.read(&key), Some(Some(_))) {
                 violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
                 continue;
             }
@@ -704,8 +829,10 @@ impl Staging {
             let index_key = arena.build(|out| {
                 keyspace.put_row_key(out, Kind::DataFileById, TableId(table_id), data_file_id);
             });
+            let index_value =
+                Bytes::from(Keyspace::index_value(Kind::DataFileById, TableId(table_id)));
             writes.insert(row_key, value, undo)?;
-            writes.insert(index_key, Bytes::new(), undo)?;
+            writes.insert(index_key, index_value, undo)?;
             self.summary.files_created += 1;
         }
         self.references.extend(references);
@@ -772,35 +899,50 @@ impl Staging {
         Ok((in_base, found))
     }
 
-    /// The keys of rows present in the transaction's view, in `ranges` of a row kind.
-    async fn keys_in_view(
-        &self,
-        ranges: Vec<crate::kv::KeyRange>,
-    ) -> Result<Vec<crate::codec::RowKey>> {
-        let view = self.view();
-        let mut pages = view.pages(ranges, PageSize::default());
-        let mut rows = Vec::new();
-        while let Some(page) = pages.next().await {
-            for (key, _) in page?.iter() {
-                rows.push(view.keyspace().decode(key)?);
+    async fn hold(&mut self, hold: &Hold) -> Result<()> {
+        match hold {
+            Hold::Tables { kind, tables } => {
+                self.hold_tables(*kind, tables).await?;
+            }
+            Hold::DataFileIds(ids) => {
+                let ids = sorted(ids.iter().map(|id| id.0));
+                let rows = self.view().index_rows(Kind::DataFileById, &ids).await?;
+                self.hold_rows(Kind::DataFile, &rows, &ids).await?;
+            }
+            Hold::Ranges(ranges) => {
+                for range in ranges {
+                    let digest = self.stored_digest(range).await?;
+                    let (writes, undo, _, _) = self.parts();
+                    writes.require_range(range.clone(), digest, undo);
+                }
             }
         }
-        Ok(rows)
+        Ok(())
+    }
+
+    /// The digest of what the snapshot holds in `range`.
+    async fn stored_digest(&self, range: &KeyRange) -> Result<Digest> {
+        let mut digester = Digester::new();
+        let mut pages = self.base.pages(vec![range.clone()], PageSize::default());
+        while let Some(page) = pages.next().await {
+            for (key, value) in page?.iter() {
+                digester.pair(key, value);
+            }
+        }
+        Ok(digester.finish())
     }
 
     async fn delete(&mut self, delete: &Delete, violations: &mut Vec<Violation>) -> Result<u64> {
         let keyspace = self.base.keyspace().clone();
         match delete {
             Delete::ColumnMappingsOfTables(tables) => {
-                let ranges = keyspace.tables_ranges(Kind::Mapping, tables.iter().copied());
-                let rows = self.keys_in_view(ranges).await?;
+                let rows = self.hold_tables(Kind::Mapping, tables).await?;
                 self.delete_rows(Kind::Mapping, &rows)
             }
             Delete::ColumnMappings(ids) => {
-                let rows = self
-                    .view()
-                    .index_rows(Kind::MappingById, &sorted(ids.iter().map(|id| id.0)))
-                    .await?;
+                let ids = sorted(ids.iter().map(|id| id.0));
+                let rows = self.view().index_rows(Kind::MappingById, &ids).await?;
+                self.hold_rows(Kind::Mapping, &rows, &ids).await?;
                 self.delete_rows(Kind::Mapping, &rows)
             }
             Delete::OrphanNameMappings => Ok(0),
@@ -818,22 +960,27 @@ impl Staging {
                 Ok(0)
             }
             Delete::DataFiles(ids) => {
-                let rows = self
-                    .view()
-                    .index_rows(Kind::DataFileById, &sorted(ids.iter().map(|id| id.0)))
-                    .await?;
+                let ids = sorted(ids.iter().map(|id| id.0));
+                let rows = self.view().index_rows(Kind::DataFileById, &ids).await?;
+                self.hold_rows(Kind::DataFile, &rows, &ids).await?;
                 self.delete_rows(Kind::DataFile, &rows)
             }
             Delete::DataFileIdRange(range) => {
+                // The id range of the index is held whole: an insert of an id in it, or a
+                // change to a file in it, conflicts with the delete.
+                let span = keyspace.id_span(Kind::DataFileById, range.clone());
+                let digest = self.stored_digest(&span).await?;
                 let rows = self
                     .view()
                     .index_entries(Kind::DataFileById, range.clone())
                     .await?;
+                self.hold_rows(Kind::DataFile, &rows, &[]).await?;
+                let (writes, undo, _, _) = self.parts();
+                writes.require_range(span, digest, undo);
                 self.delete_rows(Kind::DataFile, &rows)
             }
             Delete::DataFilesOfTables(tables) => {
-                let ranges = keyspace.tables_ranges(Kind::DataFile, tables.iter().copied());
-                let rows = self.keys_in_view(ranges).await?;
+                let rows = self.hold_tables(Kind::DataFile, tables).await?;
                 self.delete_rows(Kind::DataFile, &rows)
             }
         }
@@ -892,14 +1039,12 @@ impl Staging {
         let keyspace = self.base.keyspace().clone();
         let rows = match target {
             EndTarget::DataFiles(ids) => {
-                self.view()
-                    .index_rows(Kind::DataFileById, &sorted(ids.iter().map(|id| id.0)))
-                    .await?
+                let ids = sorted(ids.iter().map(|id| id.0));
+                let rows = self.view().index_rows(Kind::DataFileById, &ids).await?;
+                self.hold_rows(Kind::DataFile, &rows, &ids).await?;
+                rows
             }
-            EndTarget::Tables(tables) => {
-                let ranges = keyspace.tables_ranges(Kind::DataFile, tables.iter().copied());
-                self.keys_in_view(ranges).await?
-            }
+            EndTarget::Tables(tables) => self.hold_tables(Kind::DataFile, tables).await?,
         };
         let keys: Vec<Vec<u8>> = rows
             .iter()
@@ -929,13 +1074,11 @@ impl Staging {
             let created_here = writes
                 .get(&key)
                 .is_some_and(|staged| staged.requirement == Requirement::Absent);
+            // A stored file is held as read (above, or by its table's range).
+            writes.put(key, ended, undo)?;
             if !created_here {
-                // A stored file: it must still be there when the transaction commits.
-                writes.require_present(key.clone(), undo)?;
                 self.summary.files_updated += 1;
             }
-            let (writes, undo, _, _) = self.parts();
-            writes.put(key, ended, undo)?;
             updated += 1;
         }
         Ok(updated)

@@ -16,7 +16,31 @@ fn unhex(text: &str) -> Vec<u8> {
 fn golden_key_vectors() {
     let plain = Keyspace::default();
     let lake = Keyspace::new(KeyPrefix::new("lake-a").expect("valid prefix"));
-    let cases: [(&str, Vec<u8>, &str); 11] = [
+    let cases: [(&str, Vec<u8>, &str); 15] = [
+        (
+            "unique index data_file_id -1 (any table)",
+            plain.index_key(RowKey {
+                kind: Kind::DataFile,
+                table_id: TableId(i64::MAX),
+                id: -1,
+            }),
+            "02 03 7fffffffffffffff",
+        ),
+        (
+            "prefixed unique index data_file_id 9",
+            lake.row_key(Kind::DataFileById, TableId(2), 9),
+            "6c616b652d61 02 03 8000000000000009",
+        ),
+        (
+            "guard of table 7's mappings",
+            plain.guard_key(Kind::Mapping, TableId(7)),
+            "03 01 8000000000000007",
+        ),
+        (
+            "guard of table -1's data files",
+            plain.guard_key(Kind::DataFile, TableId(-1)),
+            "03 02 7fffffffffffffff",
+        ),
         (
             "index mapping_id 5 -> table 1",
             plain.row_key(Kind::MappingById, TableId(1), 5),
@@ -24,16 +48,12 @@ fn golden_key_vectors() {
         ),
         (
             "index data_file_id -1 -> table i64::MAX",
-            plain.index_key(RowKey {
-                kind: Kind::DataFile,
-                table_id: TableId(i64::MAX),
-                id: -1,
-            }),
+            plain.row_key(Kind::DataFileByIdV1, TableId(i64::MAX), -1),
             "02 02 7fffffffffffffff ffffffffffffffff",
         ),
         (
             "prefixed index data_file_id 9 -> table 2",
-            lake.row_key(Kind::DataFileById, TableId(2), 9),
+            lake.row_key(Kind::DataFileByIdV1, TableId(2), 9),
             "6c616b652d61 02 02 8000000000000009 8000000000000002",
         ),
         (
@@ -109,9 +129,14 @@ fn golden_range_vectors() {
             "02 02",
         ),
         (
-            plain.id_span(Kind::DataFileById, 3..=4),
+            plain.id_span(Kind::DataFileByIdV1, 3..=4),
             "02 02 8000000000000003",
             "02 02 8000000000000005",
+        ),
+        (
+            plain.id_span(Kind::DataFileById, 3..=4),
+            "02 03 8000000000000003",
+            "02 03 8000000000000005",
         ),
         (
             lake.table_range(Kind::DataFile, TableId(-1)),
@@ -195,12 +220,46 @@ fn bad_keys_are_typed_errors() {
         plain.decode(&bad_kind),
         Err(CodecError::UnknownKind { kind: 0x09, .. })
     ));
-    let mut index_kind = good;
+    let mut index_kind = good.clone();
     index_kind[0] = Subspace::Index as u8;
-    index_kind[1] = 0x03;
+    index_kind[1] = 0x04;
     assert!(matches!(
         plain.decode(&index_kind),
-        Err(CodecError::UnknownKind { kind: 0x03, .. })
+        Err(CodecError::UnknownKind { kind: 0x04, .. })
+    ));
+    // The unique index holds one id: two are too many, and its table is in the value.
+    let mut unique = good;
+    unique[0] = Subspace::Index as u8;
+    unique[1] = 0x03;
+    assert!(matches!(
+        plain.decode_head(&unique),
+        Err(CodecError::KeyLength {
+            expected: 10,
+            actual: 18,
+            ..
+        })
+    ));
+    let entry = plain.row_key(Kind::DataFileById, TableId(4), 9);
+    assert!(matches!(
+        plain.decode(&entry),
+        Err(CodecError::TableInValue { .. })
+    ));
+    assert_eq!(
+        plain
+            .decode_entry(
+                &entry,
+                &Keyspace::index_value(Kind::DataFileById, TableId(4))
+            )
+            .expect("entry decodes"),
+        RowKey {
+            kind: Kind::DataFileById,
+            table_id: TableId(4),
+            id: 9
+        }
+    );
+    assert!(matches!(
+        plain.decode_entry(&entry, b"four"),
+        Err(CodecError::IndexValue { len: 4, .. })
     ));
 }
 
@@ -270,13 +329,22 @@ proptest! {
     ) {
         let key_a = keyspace.row_key(a.0, TableId(a.1), a.2);
         let key_b = keyspace.row_key(b.0, TableId(b.1), b.2);
+        // What a key holds, in its order: a key of one id holds the row id of an index and
+        // the table of a guard.
         let sort_key = |(kind, table, id): (Kind, i64, i64)| {
             let order = (kind.subspace(), kind.tag());
-            if kind.subspace() == Subspace::Index { (order, id, table) } else { (order, table, id) }
+            match (kind.subspace() == Subspace::Index, kind.arity()) {
+                (true, 2) => (order, id, Some(table)),
+                (true, _) => (order, id, None),
+                (false, 2) => (order, table, Some(id)),
+                (false, _) => (order, table, None),
+            }
         };
         prop_assert_eq!(key_a.cmp(&key_b), sort_key(a).cmp(&sort_key(b)));
-        let decoded = keyspace.decode(&key_a).expect("own key decodes");
-        prop_assert_eq!(decoded, RowKey { kind: a.0, table_id: TableId(a.1), id: a.2 });
+        let value = Keyspace::index_value(a.0, TableId(a.1));
+        let decoded = keyspace.decode_entry(&key_a, &value).expect("own key decodes");
+        let id = if a.0.arity() == 1 && a.0.subspace() == Subspace::Guard { 0 } else { a.2 };
+        prop_assert_eq!(decoded, RowKey { kind: a.0, table_id: TableId(a.1), id });
     }
 
     #[test]
@@ -328,7 +396,9 @@ proptest! {
         prop_assert_eq!(span.contains(&key), lo <= probe && probe <= hi);
         let row = keyspace.row_key(Kind::DataFile, TableId(table), probe);
         prop_assert!(!span.contains(&row));
-        let decoded = keyspace.decode(&key).expect("index key decodes");
+        let value = Keyspace::index_value(Kind::DataFileById, TableId(table));
+        let decoded = keyspace.decode_entry(&key, &value).expect("index entry decodes");
+        prop_assert_eq!(decoded.table_id, TableId(table));
         prop_assert_eq!(keyspace.index_key(RowKey { kind: Kind::DataFile, ..decoded }), key);
     }
 

@@ -30,7 +30,6 @@ use redb::{
     TableDefinition,
 };
 
-use super::memory::first_unmet;
 use super::overlay::OverlaySnapshot;
 use super::page::fill_page;
 use super::{
@@ -495,23 +494,51 @@ fn unmet(
     accepted: &[Request],
     writes: &StagedWrites,
 ) -> Result<Option<super::Conflict>, KvError> {
-    let mut lookup_error = None;
-    let unmet = first_unmet(writes, |key| {
-        if let Some(written) = accepted.iter().rev().find_map(|r| r.writes.read(key)) {
-            return written.is_some();
-        }
-        match table.get(key) {
-            Ok(value) => value.is_some(),
-            Err(err) => {
-                lookup_error.get_or_insert(err);
-                false
+    writes.first_unmet(
+        |key| {
+            if let Some(written) = accepted.iter().rev().find_map(|r| r.writes.read(key)) {
+                return Ok(written.map(|value| value.to_vec()));
             }
-        }
-    });
-    match lookup_error {
-        Some(err) => Err(failed(err)),
-        None => Ok(unmet),
-    }
+            Ok(table
+                .get(key)
+                .map_err(failed)?
+                .map(|value| value.value().to_vec()))
+        },
+        |range, pair| {
+            let stored = table
+                .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
+                .map_err(failed)?;
+            let touched = accepted
+                .iter()
+                .any(|r| r.writes.written_in(range).next().is_some());
+            if !touched {
+                for entry in stored {
+                    let (key, value) = entry.map_err(failed)?;
+                    pair(key.value(), value.value());
+                }
+                return Ok(());
+            }
+            // Commits earlier in the group wrote into the range: it is the file's pairs with
+            // theirs laid over, in order.
+            let mut merged = std::collections::BTreeMap::new();
+            for entry in stored {
+                let (key, value) = entry.map_err(failed)?;
+                merged.insert(key.value().to_vec(), value.value().to_vec());
+            }
+            for request in accepted {
+                for (key, value) in request.writes.written_in(range) {
+                    match value {
+                        Some(value) => merged.insert(key.to_vec(), value.to_vec()),
+                        None => merged.remove(key.as_ref()),
+                    };
+                }
+            }
+            for (key, value) in &merged {
+                pair(key, value);
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Applies a logged group's writes, in order, and commits them with the group's sequence
