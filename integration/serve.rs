@@ -12,6 +12,12 @@ fn config(pd: Vec<String>, key_prefix: &str) -> ServeConfig {
         txn_idle_timeout: 300,
         txn_max_rows: 1000,
         txn_max_bytes: 1 << 20,
+        max_open_transactions: 8,
+        max_session_transactions: 2,
+        max_prepared_statements: 8,
+        max_session_prepared_statements: 2,
+        query_memory_mb: 64,
+        statement_timeout: 60,
         redb_cache_mb: 64,
         redb_checkpoint_ms: 1000,
     }

@@ -54,6 +54,25 @@ pub struct ServeConfig {
     /// Most bytes (estimated) one transaction may stage before commit.
     #[arg(long, env = "MORAINE_TXN_MAX_BYTES", default_value_t = 512 << 20)]
     pub txn_max_bytes: u64,
+    /// Most transactions open at once on the server.
+    #[arg(long, env = "MORAINE_MAX_OPEN_TRANSACTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_open_transactions: u64,
+    /// Most transactions one session may have open at once.
+    #[arg(long, env = "MORAINE_MAX_SESSION_TRANSACTIONS", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_session_transactions: u64,
+    /// Most prepared statements open at once on the server.
+    #[arg(long, env = "MORAINE_MAX_PREPARED_STATEMENTS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_prepared_statements: u64,
+    /// Most prepared statements one session may hold open.
+    #[arg(long, env = "MORAINE_MAX_SESSION_PREPARED_STATEMENTS", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_session_prepared_statements: u64,
+    /// Memory, in MiB, that the operators of all running queries (sorts, joins, aggregates)
+    /// may hold together; a query needing more is refused. Nothing spills to disk.
+    #[arg(long, env = "MORAINE_QUERY_MEMORY_MB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1 << 24))]
+    pub query_memory_mb: u64,
+    /// Seconds a statement may run, from its start to its last row.
+    #[arg(long, env = "MORAINE_STATEMENT_TIMEOUT", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub statement_timeout: u64,
     /// Embedded store: MiB of memory redb may use to cache pages and buffer writes.
     #[arg(long, env = "MORAINE_REDB_CACHE_MB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub redb_cache_mb: u64,
@@ -76,11 +95,26 @@ impl ServeConfig {
     /// The transaction settings.
     #[must_use]
     pub fn txn_config(&self) -> crate::txn::TxnConfig {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         crate::txn::TxnConfig {
             idle_timeout: std::time::Duration::from_secs(self.txn_idle_timeout),
             max_rows: self.txn_max_rows,
             max_bytes: self.txn_max_bytes,
+            max_open: count(self.max_open_transactions),
+            max_open_per_session: count(self.max_session_transactions),
         }
+    }
+
+    /// Everything the server lets its clients use.
+    #[must_use]
+    pub fn limits(&self) -> crate::server::Limits {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let mut limits = crate::server::Limits::of_transactions(self.txn_config());
+        limits.query.memory_bytes = count(self.query_memory_mb << 20);
+        limits.query.statement_timeout = std::time::Duration::from_secs(self.statement_timeout);
+        limits.prepared.max_total = count(self.max_prepared_statements);
+        limits.prepared.max_per_session = count(self.max_session_prepared_statements);
+        limits
     }
 }
 

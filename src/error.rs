@@ -83,6 +83,13 @@ pub enum Error {
         /// Which limit, its value, and how to raise it.
         what: String,
     },
+    /// A statement ran past the server's statement timeout; what it would have written was
+    /// not staged.
+    #[error("{what}")]
+    Timeout {
+        /// Which limit, and how to raise it.
+        what: String,
+    },
     /// A fault of the server itself, not of the request: logged with its account, and told
     /// to the client only as an internal error.
     #[error("internal error while {context}: {reason}")]

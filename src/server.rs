@@ -14,9 +14,10 @@ use crate::catalog::Catalog;
 use crate::codec::{KeyPrefix, Keyspace};
 use crate::config::{ImportConfig, ServeConfig};
 use crate::error::{Error, Result};
+use crate::flight::prepared::PreparedLimits;
 use crate::flight::{MoraineFlightService, MoraineSqlService};
 use crate::kv::{Store, StoreLimits};
-use crate::query::QueryEngine;
+use crate::query::{FastPaths, QueryEngine, QueryLimits};
 use crate::txn::{Transactions, TxnConfig};
 
 /// Largest message accepted: ADBC sends ingest batches over tonic's 4 MiB default.
@@ -95,6 +96,47 @@ pub async fn start_with(
     addr: SocketAddr,
     txn_config: TxnConfig,
 ) -> Result<RunningServer> {
+    start_limited(catalog, addr, Limits::of_transactions(txn_config)).await
+}
+
+/// What the server lets its clients use: transactions, queries and prepared statements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Transactions: how many, how long idle, how much staged.
+    pub txn: TxnConfig,
+    /// Queries: memory, time, and what an `INSERT … SELECT` may produce.
+    pub query: QueryLimits,
+    /// Prepared statements: how many, and how much SQL they keep.
+    pub prepared: PreparedLimits,
+}
+
+impl Limits {
+    /// The defaults, with the transaction settings `txn` (which also bound what one
+    /// `INSERT … SELECT` may produce).
+    #[must_use]
+    pub fn of_transactions(txn: TxnConfig) -> Self {
+        Self {
+            txn,
+            query: QueryLimits {
+                write_rows: txn.max_rows,
+                write_bytes: txn.max_bytes,
+                ..QueryLimits::default()
+            },
+            prepared: PreparedLimits::default(),
+        }
+    }
+}
+
+/// Binds `addr` and serves `catalog` within `limits` until [`RunningServer::shutdown`].
+///
+/// # Errors
+/// [`Error::Config`] when the address cannot be bound.
+pub async fn start_limited(
+    catalog: Catalog,
+    addr: SocketAddr,
+    limits: Limits,
+) -> Result<RunningServer> {
+    let txn_config = limits.txn;
     let listener = TcpListener::bind(addr).await.map_err(|err| Error::Config {
         setting: "listen",
         reason: format!("cannot bind {addr}: {err}"),
@@ -105,8 +147,8 @@ pub async fn start_with(
     })?;
     let txns = Arc::new(Transactions::new(catalog.clone(), txn_config));
     txns.spawn_reaper();
-    let service =
-        MoraineFlightService::new(MoraineSqlService::new(QueryEngine::new(catalog), txns)?);
+    let engine = QueryEngine::with_limits(catalog, FastPaths::ALL, limits.query);
+    let service = MoraineFlightService::new(MoraineSqlService::new(engine, txns, limits.prepared)?);
     let service = FlightServiceServer::new(service)
         .max_decoding_message_size(MAX_DECODING_MESSAGE)
         .max_encoding_message_size(MAX_ENCODING_MESSAGE);
@@ -161,7 +203,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     };
     let catalog = Catalog::new(store, keyspace);
     upgrade(&catalog).await?;
-    let mut server = start_with(catalog, config.listen, config.txn_config()).await?;
+    let mut server = start_limited(catalog, config.listen, config.limits()).await?;
     tracing::info!("moraine listening on {}", server.addr());
     let signal = tokio::select! {
         signal = shutdown_signal() => signal,

@@ -36,6 +36,10 @@ pub struct TxnConfig {
     /// Most bytes one transaction may hold staged: its records and their bookkeeping, as
     /// allocated.
     pub max_bytes: u64,
+    /// Most transactions open at once on the server.
+    pub max_open: usize,
+    /// Most transactions one session may have open at once.
+    pub max_open_per_session: usize,
 }
 
 impl Default for TxnConfig {
@@ -44,6 +48,8 @@ impl Default for TxnConfig {
             idle_timeout: Duration::from_mins(5),
             max_rows: 2_000_000,
             max_bytes: 512 << 20,
+            max_open: 1024,
+            max_open_per_session: 16,
         }
     }
 }
@@ -278,12 +284,43 @@ impl Transactions {
 
     /// Opens a transaction, bound to `session` if given: that session's untagged requests
     /// join it until it ends.
-    #[must_use]
-    pub fn begin(&self, session: Option<&str>) -> TxnId {
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when the server or the session has as many transactions open
+    /// as it may.
+    pub fn begin(&self, session: Option<&str>) -> Result<TxnId> {
         let id = TxnId(random_token());
         let now = Instant::now();
         let discarded = Arc::new(AtomicBool::new(false));
         let mut registry = self.registry();
+        if registry.open.len() >= self.config.max_open {
+            // Idle ones the reaper has not reached yet do not count.
+            registry.expire(self.config.idle_timeout, now);
+        }
+        if registry.open.len() >= self.config.max_open {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "{} transactions are open, the server's limit (serve --max-open-transactions); \
+                     commit or roll back one first",
+                    registry.open.len()
+                ),
+            });
+        }
+        if let Some(session) = session {
+            let of_session = registry
+                .open
+                .values()
+                .filter(|open| open.session.as_deref() == Some(session))
+                .count();
+            if of_session >= self.config.max_open_per_session {
+                return Err(Error::LimitExceeded {
+                    what: format!(
+                        "this session has {of_session} transactions open, its limit (serve \
+                         --max-session-transactions); commit or roll back one first"
+                    ),
+                });
+            }
+        }
         registry.open.insert(
             id.clone(),
             Open {
@@ -301,7 +338,7 @@ impl Transactions {
         if let Some(session) = session {
             registry.sessions.insert(session.to_owned(), id.clone());
         }
-        id
+        Ok(id)
     }
 
     /// The open transaction of `session`, if any.
@@ -682,7 +719,7 @@ mod tests {
             Catalog::new(store, Keyspace::new(KeyPrefix::none())),
             TxnConfig::default(),
         );
-        let id = txns.begin(Some("s"));
+        let id = txns.begin(Some("s")).expect("begin");
         txns.stage(&id, mapping(1)).await.expect("staged");
         let unknown = |err: &Error| {
             let status = crate::flight::status::to_status(err);
@@ -709,7 +746,7 @@ mod tests {
             idle_timeout: Duration::from_millis(30),
             ..TxnConfig::default()
         });
-        let id = txns.begin(Some("s"));
+        let id = txns.begin(Some("s")).expect("begin");
         assert_eq!(txns.of_session("s"), Some(id.clone()));
         std::thread::sleep(Duration::from_millis(60));
         let err = txns
@@ -730,7 +767,7 @@ mod tests {
             ..TxnConfig::default()
         });
         txns.spawn_reaper();
-        let abandoned = txns.begin(Some("gone"));
+        let abandoned = txns.begin(Some("gone")).expect("begin");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let registry = txns.registry();
         assert!(registry.open.is_empty(), "still open after the timeout");
@@ -744,7 +781,7 @@ mod tests {
     #[tokio::test]
     async fn a_pending_violation_waits_for_the_commit_and_a_final_one_is_refused_at_once() {
         let txns = transactions(TxnConfig::default());
-        let id = txns.begin(None);
+        let id = txns.begin(None).expect("begin");
         let mut ops = mapping(4);
         // The mapping before its name rows: pending, accepted.
         assert_eq!(
@@ -776,7 +813,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rollback_during_a_request_refuses_it() {
         let txns = Arc::new(transactions(TxnConfig::default()));
-        let id = txns.begin(None);
+        let id = txns.begin(None).expect("begin");
         let (signal, started) = tokio::sync::oneshot::channel::<()>();
         let (feed, requests) = tokio::sync::mpsc::channel::<Result<Vec<Op>>>(1);
         // Signals its first poll, which happens with the transaction held, then yields what
@@ -828,7 +865,7 @@ mod tests {
             max_rows: 1,
             ..TxnConfig::default()
         });
-        let id = txns.begin(None);
+        let id = txns.begin(None).expect("begin");
         let mut ops = mapping(4);
         txns.stage(&id, vec![ops.remove(0)])
             .await

@@ -31,22 +31,47 @@ pub struct Prepared {
 
 struct Entry {
     statement: Prepared,
+    session: Option<String>,
     last_used: Instant,
+}
+
+/// How many prepared statements the server keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreparedLimits {
+    /// A handle unused this long is forgotten.
+    pub ttl: Duration,
+    /// Most handles live at once on the server.
+    pub max_total: usize,
+    /// Most handles one session may hold.
+    pub max_per_session: usize,
+    /// Most bytes of SQL text the live handles may hold together.
+    pub max_text_bytes: usize,
+}
+
+impl Default for PreparedLimits {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_mins(10),
+            max_total: 4096,
+            max_per_session: 256,
+            max_text_bytes: 256 << 20,
+        }
+    }
 }
 
 /// The live handles of one server.
 pub struct PreparedStatements {
     entries: Mutex<HashMap<Vec<u8>, Entry>>,
     next: AtomicU64,
-    ttl: Duration,
+    limits: PreparedLimits,
     /// Distinguishes this process's handles from another's.
     nonce: u64,
 }
 
 impl PreparedStatements {
-    /// An empty set whose handles expire after `ttl` unused.
+    /// An empty set within `limits`.
     #[must_use]
-    pub fn new(ttl: Duration) -> Self {
+    pub fn new(limits: PreparedLimits) -> Self {
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| {
@@ -55,7 +80,7 @@ impl PreparedStatements {
         Self {
             entries: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
-            ttl,
+            limits,
             nonce,
         }
     }
@@ -66,21 +91,58 @@ impl PreparedStatements {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Stores `statement` and returns its new handle.
-    pub fn insert(&self, statement: Prepared) -> Vec<u8> {
+    /// Stores `statement`, prepared by `session`, and returns its new handle.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when the server or the session holds as many handles, or as
+    /// much SQL text, as it may.
+    pub fn insert(&self, statement: Prepared, session: Option<&str>) -> Result<Vec<u8>> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let handle = format!("ps-{:x}-{id}", self.nonce).into_bytes();
         let now = Instant::now();
         let mut entries = self.lock();
-        entries.retain(|_, e| now.duration_since(e.last_used) < self.ttl);
+        entries.retain(|_, e| now.duration_since(e.last_used) < self.limits.ttl);
+        let limit = |what: String| {
+            Err(Error::LimitExceeded {
+                what: format!("{what}; close prepared statements you no longer use"),
+            })
+        };
+        if entries.len() >= self.limits.max_total {
+            return limit(format!(
+                "{} prepared statements are open, the server's limit (serve \
+                 --max-prepared-statements)",
+                entries.len()
+            ));
+        }
+        if let Some(session) = session {
+            let of_session = entries
+                .values()
+                .filter(|e| e.session.as_deref() == Some(session))
+                .count();
+            if of_session >= self.limits.max_per_session {
+                return limit(format!(
+                    "this session has {of_session} prepared statements open, its limit (serve \
+                     --max-session-prepared-statements)"
+                ));
+            }
+        }
+        let text: usize = entries.values().map(|e| e.statement.sql.len()).sum();
+        if text + statement.sql.len() > self.limits.max_text_bytes {
+            return limit(format!(
+                "the open prepared statements hold {text} bytes of SQL, and this one would take \
+                 them over the server's limit of {} bytes",
+                self.limits.max_text_bytes
+            ));
+        }
         entries.insert(
             handle.clone(),
             Entry {
                 statement,
+                session: session.map(str::to_owned),
                 last_used: now,
             },
         );
-        handle
+        Ok(handle)
     }
 
     /// The statement of `handle`, marking it used.
@@ -91,7 +153,7 @@ impl PreparedStatements {
         let now = Instant::now();
         let mut entries = self.lock();
         match entries.get_mut(handle) {
-            Some(entry) if now.duration_since(entry.last_used) < self.ttl => {
+            Some(entry) if now.duration_since(entry.last_used) < self.limits.ttl => {
                 entry.last_used = now;
                 Ok(entry.statement.clone())
             }

@@ -32,7 +32,7 @@ use prost::Message as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::metadata;
-use super::prepared::{Prepared, PreparedStatements};
+use super::prepared::{Prepared, PreparedLimits, PreparedStatements};
 use super::status::to_status;
 use super::tickets::{TicketKind, params_of_row};
 use super::upload::Upload;
@@ -89,13 +89,20 @@ impl MoraineSqlService {
     ///
     /// # Errors
     /// When the `SqlInfo` does not build (a bug).
-    pub fn new(engine: QueryEngine, txns: Arc<Transactions>) -> Result<Self> {
+    pub fn new(
+        engine: QueryEngine,
+        txns: Arc<Transactions>,
+        prepared: PreparedLimits,
+    ) -> Result<Self> {
         let timeout_ms = i32::try_from(txns.config().idle_timeout.as_millis()).unwrap_or(i32::MAX);
         Ok(Self {
             engine,
-            prepared: PreparedStatements::new(Duration::from_millis(
-                u64::try_from(metadata::PREPARED_STATEMENT_TTL_MS).unwrap_or(600_000),
-            )),
+            prepared: PreparedStatements::new(PreparedLimits {
+                ttl: Duration::from_millis(
+                    u64::try_from(metadata::PREPARED_STATEMENT_TTL_MS).unwrap_or(600_000),
+                ),
+                ..prepared
+            }),
             sql_info: metadata::sql_info(timeout_ms)?,
             txns,
         })
@@ -490,13 +497,16 @@ impl FlightSqlService for MoraineSqlService {
                 let shape = status(self.engine.shape(&query.query).await)?;
                 (shape.schema, shape.parameters, None)
             };
-        let handle = self.prepared.insert(Prepared {
-            sql: query.query,
-            parameters: Arc::clone(&parameters),
-            bound: Vec::new(),
-            write,
-            txn,
-        });
+        let handle = status(self.prepared.insert(
+            Prepared {
+                sql: query.query,
+                parameters: Arc::clone(&parameters),
+                bound: Vec::new(),
+                write,
+                txn,
+            },
+            session.as_deref(),
+        ))?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.into(),
             dataset_schema: schema_bytes(&schema)?.into(),
@@ -581,7 +591,7 @@ impl FlightSqlService for MoraineSqlService {
         request: Request<Action>,
     ) -> Result<ActionBeginTransactionResult, Status> {
         let session = session_of(&request);
-        let id = self.txns.begin(session.as_deref());
+        let id = status(self.txns.begin(session.as_deref()))?;
         Ok(ActionBeginTransactionResult {
             transaction_id: id.as_bytes().to_vec().into(),
         })

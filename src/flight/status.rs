@@ -71,6 +71,7 @@ fn code_of(err: &Error) -> Code {
         Error::AlreadyExists { .. } => Code::AlreadyExists,
         Error::InvalidRequest { .. } | Error::Config { .. } => Code::InvalidArgument,
         Error::Internal { .. } => Code::Internal,
+        Error::Timeout { .. } => Code::DeadlineExceeded,
     }
 }
 

@@ -268,7 +268,7 @@ impl QueryEngine {
     /// # Errors
     /// For a write statement of a shape not supported, or to an unknown table.
     pub fn write_statement(&self, sql: &str) -> Result<Option<WriteStatement>> {
-        super::limits::check_nesting(sql)?;
+        super::limits::check_sql(sql)?;
         let dialect = self.base.config().options().sql_parser.dialect;
         let Ok(statement) = self.base.sql_to_statement(sql, &dialect) else {
             return Ok(None);
@@ -317,9 +317,7 @@ impl QueryEngine {
         if !matches!(write.action, Action::Insert { .. }) {
             holds_of(&physical, &mut holds);
         }
-        let mut stream =
-            datafusion::physical_plan::execute_stream(physical, Arc::clone(&self.task))
-                .map_err(from_datafusion)?;
+        let mut stream = self.run(physical)?;
         let mut ops = self.ops_of(write, &mut stream).await?;
         if !ops.is_empty() {
             ops.splice(0..0, holds.into_iter().map(Op::Hold));
@@ -396,7 +394,20 @@ impl QueryEngine {
             Action::Insert { columns } => {
                 let mut decoder: Option<RowDecoder> = None;
                 let mut ops = Vec::new();
+                let (mut rows, mut bytes) = (0_u64, 0_u64);
                 while let Some(batch) = stream.try_next().await.map_err(from_datafusion)? {
+                    rows += batch.num_rows() as u64;
+                    bytes += batch.get_array_memory_size() as u64;
+                    if rows > self.limits.write_rows || bytes > self.limits.write_bytes {
+                        return Err(Error::LimitExceeded {
+                            what: format!(
+                                "INSERT would stage more than {} rows or {} bytes, the limits of \
+                                 a transaction (serve --txn-max-rows, --txn-max-bytes); nothing \
+                                 of it was staged",
+                                self.limits.write_rows, self.limits.write_bytes
+                            ),
+                        });
+                    }
                     let batch = renamed(&batch, columns, write.table)?;
                     let decoder = match &mut decoder {
                         Some(decoder) => decoder,

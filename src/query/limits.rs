@@ -9,8 +9,14 @@
 //! levels it is nested in. Real catalog queries stay far below the limit (DuckLake's longest
 //! hold a few dozen); long value lists belong in `IN (…)`, whose commas keep each item apart.
 
+use std::time::Duration;
+
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use futures::StreamExt as _;
 
 use crate::error::{Error, QueryErrorKind, Result};
 
@@ -18,15 +24,42 @@ use crate::error::{Error, QueryErrorKind, Result};
 /// bounds the depth of the expression tree the engine walks.
 pub const MAX_EXPRESSION_TOKENS: usize = 256;
 
-/// Refuses SQL whose expressions nest deeper than [`MAX_EXPRESSION_TOKENS`] allows. SQL that
-/// does not tokenize passes: the parser reports it.
+/// Longest SQL text the server parses, in bytes. DuckLake's longest statements (an INSERT of
+/// a few thousand rows of VALUES) stay well below it.
+pub const MAX_SQL_BYTES: usize = 4 << 20;
+
+/// Refuses SQL longer than [`MAX_SQL_BYTES`], of more than one statement, or whose expressions
+/// nest deeper than [`MAX_EXPRESSION_TOKENS`] allows, before anything parses it. SQL that does
+/// not tokenize passes: the parser reports it.
 ///
 /// # Errors
 /// [`Error::Query`] (invalid) naming the limit.
-pub fn check_nesting(sql: &str) -> Result<()> {
+pub fn check_sql(sql: &str) -> Result<()> {
+    let invalid = |message: String| Error::Query {
+        kind: QueryErrorKind::Invalid,
+        message,
+    };
+    if sql.len() > MAX_SQL_BYTES {
+        return Err(invalid(format!(
+            "SQL text of {} bytes is over the server's limit of {MAX_SQL_BYTES} bytes",
+            sql.len()
+        )));
+    }
     let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
         return Ok(());
     };
+    let statements = tokens
+        .split(|token| *token == Token::SemiColon)
+        .filter(|part| {
+            part.iter()
+                .any(|token| !matches!(token, Token::Whitespace(_) | Token::EOF))
+        })
+        .count();
+    if statements > 1 {
+        return Err(invalid(format!(
+            "{statements} statements in one request; send one statement at a time"
+        )));
+    }
     // Tokens counted on each open level, and their sum with one for each open parenthesis.
     let mut levels: Vec<usize> = vec![0];
     let mut open = 0_usize;
@@ -43,7 +76,7 @@ pub fn check_nesting(sql: &str) -> Result<()> {
                     open = open.saturating_sub(counted + 1);
                 }
             }
-            Token::Comma | Token::SemiColon => {
+            Token::Comma => {
                 if let Some(counted) = levels.last_mut() {
                     open = open.saturating_sub(*counted);
                     *counted = 0;
@@ -55,19 +88,44 @@ pub fn check_nesting(sql: &str) -> Result<()> {
                 }
                 open += 1;
                 if open > MAX_EXPRESSION_TOKENS {
-                    return Err(Error::Query {
-                        kind: QueryErrorKind::Invalid,
-                        message: format!(
-                            "an expression nests too deep: more than {MAX_EXPRESSION_TOKENS} tokens \
-                             on the levels of parentheses around one point (the server's limit on \
-                             expression depth); split it, or put long value lists in IN (...)"
-                        ),
-                    });
+                    return Err(invalid(format!(
+                        "an expression nests too deep: more than {MAX_EXPRESSION_TOKENS} tokens \
+                         on the levels of parentheses around one point (the server's limit on \
+                         expression depth); split it, or put long value lists in IN (...)"
+                    )));
                 }
             }
         }
     }
     Ok(())
+}
+
+/// `stream`, ended with an error naming the limit once `timeout` has passed since now.
+#[must_use]
+pub fn with_deadline(
+    stream: SendableRecordBatchStream,
+    timeout: Duration,
+) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let deadline = Box::pin(tokio::time::sleep(timeout));
+    let timed = futures::stream::unfold(Some((stream, deadline)), move |state| async move {
+        let (mut stream, mut deadline) = state?;
+        tokio::select! {
+            biased;
+            () = &mut deadline => {
+                let err = Error::Timeout {
+                    what: format!(
+                        "the statement ran longer than {} s, the server's statement timeout \
+                         (serve --statement-timeout)",
+                        timeout.as_secs()
+                    ),
+                };
+                Some((Err(DataFusionError::External(Box::new(err))), None))
+            }
+            next = stream.next() => next.map(|item| (item, Some((stream, deadline)))),
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, timed))
 }
 
 #[cfg(test)]
@@ -79,26 +137,37 @@ mod tests {
     }
 
     #[test]
+    fn long_texts_and_several_statements_are_refused() {
+        let long = format!("SELECT 1 -- {}", "x".repeat(MAX_SQL_BYTES));
+        let err = check_sql(&long).expect_err("too long");
+        assert!(err.to_string().contains("limit of 4194304 bytes"), "{err}");
+        let err = check_sql("SELECT 1; SELECT 2").expect_err("two statements");
+        assert!(err.to_string().contains("2 statements"), "{err}");
+        assert!(check_sql("SELECT 1;").is_ok());
+        assert!(check_sql("SELECT ';' AS semicolon").is_ok());
+    }
+
+    #[test]
     fn long_chains_are_refused_and_lists_are_not() {
         // `SELECT` and 128 terms joined by 127 operators: 256 tokens.
-        assert!(check_nesting(&format!("SELECT {}", chain(128, "+"))).is_ok());
-        let err = check_nesting(&format!("SELECT {}", chain(129, "+"))).expect_err("too deep");
+        assert!(check_sql(&format!("SELECT {}", chain(128, "+"))).is_ok());
+        let err = check_sql(&format!("SELECT {}", chain(129, "+"))).expect_err("too deep");
         assert!(err.to_string().contains("256 tokens"), "{err}");
         // Parentheses around each term do not split the chain; nesting adds up.
         let wrapped = vec!["(1)"; 300].join("+");
-        assert!(check_nesting(&format!("SELECT {wrapped}")).is_err());
+        assert!(check_sql(&format!("SELECT {wrapped}")).is_err());
         let nested = format!(
             "SELECT {}",
             "(1+1+1+1+".repeat(120) + "1" + &")".repeat(120)
         );
-        assert!(check_nesting(&nested).is_err());
+        assert!(check_sql(&nested).is_err());
         // Commas start new expressions: a long IN list or select list passes.
         let list = (0..5000)
             .map(|i| i.to_string())
             .collect::<Vec<_>>()
             .join(", ");
         assert!(
-            check_nesting(&format!(
+            check_sql(&format!(
                 "DELETE FROM ducklake_data_file WHERE data_file_id IN ({list})"
             ))
             .is_ok()
@@ -107,6 +176,6 @@ mod tests {
             .map(|i| format!("data_file_id = {i}"))
             .collect::<Vec<_>>()
             .join(" OR ");
-        assert!(check_nesting(&format!("DELETE FROM ducklake_data_file WHERE {ors}")).is_err());
+        assert!(check_sql(&format!("DELETE FROM ducklake_data_file WHERE {ors}")).is_err());
     }
 }

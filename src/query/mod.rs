@@ -9,6 +9,7 @@
 //! This is the only module that knows DataFusion; its errors leave as [`crate::Error`].
 
 pub mod arrow;
+mod bounded;
 pub mod dml;
 pub mod limits;
 pub mod load;
@@ -18,6 +19,7 @@ pub mod rewrite;
 pub mod scan;
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -27,6 +29,9 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SQLOptions;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
@@ -50,7 +55,34 @@ pub struct QueryEngine {
     /// What every execution runs with: the base state's configuration and functions.
     task: Arc<TaskContext>,
     fast: FastPaths,
+    limits: QueryLimits,
     plans: Arc<Mutex<PlanCache>>,
+}
+
+/// What one query may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// Memory all running queries' operators (sorts, joins, aggregates) may hold together;
+    /// a query that needs more fails with `RESOURCE_EXHAUSTED`. Nothing spills to disk.
+    pub memory_bytes: usize,
+    /// How long a statement may run, from planning to its last row.
+    pub statement_timeout: std::time::Duration,
+    /// Most rows, and bytes of Arrow data, one `INSERT … SELECT` may produce: checked while
+    /// its rows are read, so it is refused before it outgrows what a transaction may stage.
+    pub write_rows: u64,
+    /// See `write_rows`.
+    pub write_bytes: u64,
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 1 << 30,
+            statement_timeout: std::time::Duration::from_mins(10),
+            write_rows: 2_000_000,
+            write_bytes: 512 << 20,
+        }
+    }
 }
 
 /// The engine's fast paths, each of which must return exactly the rows of the plain plan: the
@@ -169,15 +201,22 @@ impl QueryEngine {
     /// An engine over `catalog`.
     #[must_use]
     pub fn new(catalog: Catalog) -> Self {
-        Self::with_fast_paths(catalog, FastPaths::ALL)
+        Self::with_limits(catalog, FastPaths::ALL, QueryLimits::default())
     }
 
     /// An engine over `catalog` with only the fast paths `fast` on.
-    ///
-    /// # Panics
-    /// Never: the catalog's tables register under fixed, distinct names.
     #[must_use]
     pub fn with_fast_paths(catalog: Catalog, fast: FastPaths) -> Self {
+        Self::with_limits(catalog, fast, QueryLimits::default())
+    }
+
+    /// An engine over `catalog` with the fast paths `fast` and the limits `limits`.
+    ///
+    /// # Panics
+    /// Never: the catalog's tables register under fixed, distinct names, and the runtime's
+    /// settings are all valid.
+    #[must_use]
+    pub fn with_limits(catalog: Catalog, fast: FastPaths, limits: QueryLimits) -> Self {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
             .with_create_default_catalog_and_schema(false)
@@ -208,16 +247,32 @@ impl QueryEngine {
             CATALOG_NAME.to_owned(),
             Arc::new(tables),
         );
-        let base = SessionStateBuilder::new()
+        let mut builder = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            .with_catalog_list(Arc::new(catalogs))
-            .build();
+            .with_catalog_list(Arc::new(catalogs));
+        // One pool for every query, and no spilling: a query that does not fit is refused,
+        // it does not fill the disk. Building this runtime cannot fail (no directories).
+        if let Ok(runtime) = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(TrackConsumersPool::new(
+                GreedyMemoryPool::new(limits.memory_bytes),
+                NonZeroUsize::MIN.saturating_add(2),
+            )))
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+            )
+            .build_arc()
+        {
+            builder = builder.with_runtime_env(runtime);
+        }
+        let mut base = builder.build();
+        bounded::register(&mut base);
         Self {
             catalog,
             task: base.task_ctx(),
             base,
             fast,
+            limits,
             plans: Arc::new(Mutex::new(PlanCache::default())),
         }
     }
@@ -264,7 +319,7 @@ impl QueryEngine {
         {
             return Ok(planned);
         }
-        limits::check_nesting(sql)?;
+        limits::check_sql(sql)?;
         let state = &self.base;
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state
@@ -398,8 +453,14 @@ impl QueryEngine {
         params: Vec<ScalarValue>,
     ) -> Result<SendableRecordBatchStream> {
         let physical = self.physical(snapshot, sql, params).await?;
-        datafusion::physical_plan::execute_stream(physical, Arc::clone(&self.task))
-            .map_err(from_datafusion)
+        self.run(physical)
+    }
+
+    /// Runs a physical plan, to end with an error when the statement timeout passes.
+    fn run(&self, physical: Arc<dyn ExecutionPlan>) -> Result<SendableRecordBatchStream> {
+        let stream = datafusion::physical_plan::execute_stream(physical, Arc::clone(&self.task))
+            .map_err(from_datafusion)?;
+        Ok(limits::with_deadline(stream, self.limits.statement_timeout))
     }
 
     /// Streams one catalog table, optionally only the rows of one DuckLake table.
