@@ -109,6 +109,51 @@ fn table_of_path(path: &[String]) -> Result<TicketKind> {
     }
 }
 
+/// Where client bytes that should hold a Flight SQL message came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    Descriptor,
+    Ticket,
+    Action,
+}
+
+/// Checks that `bytes` decode as the Flight SQL message they must be, before arrow-flight's
+/// dispatch decodes them again: bytes that do not decode are the client's error, named as
+/// such (the dispatch would report them as an internal error), and a message of an unknown
+/// type in a descriptor is a command this server does not serve.
+fn check_message(bytes: &[u8], carrier: Carrier) -> Result<()> {
+    use arrow_flight::sql::{Any, Command};
+    use prost::Message as _;
+
+    let what = match carrier {
+        Carrier::Descriptor => "the descriptor's command",
+        Carrier::Ticket => "the ticket",
+        Carrier::Action => "the action's body",
+    };
+    let any = Any::decode(bytes).map_err(|err| Error::InvalidRequest {
+        reason: format!("{what} is not a Flight SQL message: {err}"),
+    })?;
+    match Command::try_from(any) {
+        Err(err) => Err(Error::InvalidRequest {
+            reason: format!("{what} does not decode: {err}"),
+        }),
+        Ok(Command::Unknown(any)) => match carrier {
+            Carrier::Descriptor => Err(Error::Unsupported {
+                what: format!(
+                    "command {} is not supported by this server",
+                    crate::error::excerpt(&any.type_url)
+                ),
+            }),
+            Carrier::Ticket => Err(Error::InvalidRequest {
+                reason: "the ticket is not one this server issued".into(),
+            }),
+            // Actions of other kinds are refused by name by the dispatch.
+            Carrier::Action => Ok(()),
+        },
+        Ok(_) => Ok(()),
+    }
+}
+
 fn table_info(ticket: &TicketKind, descriptor: FlightDescriptor) -> Result<FlightInfo> {
     let TicketKind::Table { table, .. } = ticket else {
         return Err(Error::InvalidRequest {
@@ -162,6 +207,8 @@ impl FlightService for MoraineFlightService {
         mut request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         if request.get_ref().r#type() != DescriptorType::Path {
+            check_message(&request.get_ref().cmd, Carrier::Descriptor)
+                .map_err(|err| to_status(&err))?;
             let session = open_session(&mut request);
             return with_session(
                 FlightService::get_flight_info(&*self.sql, request).await,
@@ -212,6 +259,7 @@ impl FlightService for MoraineFlightService {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        check_message(&request.get_ref().ticket, Carrier::Ticket).map_err(|err| to_status(&err))?;
         FlightService::do_get(&*self.sql, request).await
     }
 
@@ -234,6 +282,7 @@ impl FlightService for MoraineFlightService {
         &self,
         mut request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        check_message(&request.get_ref().body, Carrier::Action).map_err(|err| to_status(&err))?;
         let session = open_session(&mut request);
         with_session(FlightService::do_action(&*self.sql, request).await, session)
     }
