@@ -33,6 +33,13 @@ proto-tikv:
 golden:
     cargo test --lib golden -- --nocapture
 
+# Fuzzes every target (moraine::fuzz) for SECONDS each with libFuzzer: nightly Rust, and
+# cargo-fuzz, installed here when missing. The test suite runs the same targets briefly on
+# stable (`cargo test --lib fuzz`; MORAINE_FUZZ_RUNS sets how many inputs per target).
+fuzz SECONDS="60":
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+    for target in key value fold ingest sql; do cargo +nightly fuzz run "$target" -- -max_total_time={{SECONDS}} || exit 1; done
+
 # Benchmarks (release profile).
 bench:
     cargo bench

@@ -45,6 +45,8 @@ pub mod codec;
 pub mod config;
 pub mod error;
 pub mod flight;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod import;
 mod key_range;
 pub mod kv;

@@ -7,7 +7,7 @@ pub mod prepared;
 pub mod service;
 pub mod status;
 pub mod tickets;
-mod upload;
+pub(crate) mod upload;
 
 pub use plain::MoraineFlightService;
 pub use service::MoraineSqlService;

@@ -622,22 +622,22 @@ impl FlightSqlService for MoraineSqlService {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let handle = cmd.prepared_statement_handle;
         let prepared = status(self.prepared.get(&handle))?;
-        let batches: Vec<RecordBatch> =
-            arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
-                request
-                    .into_inner()
-                    .map_err(FlightError::from)
-                    .and_then(|message| {
-                        futures::future::ready(super::upload::checked_body(message))
-                    }),
-            )
-            .try_collect()
-            .await
-            .map_err(|err| {
-                to_status(&Error::InvalidRequest {
-                    reason: format!("parameter batch does not decode: {err}"),
-                })
-            })?;
+        let mut stream = super::upload::decoded(
+            request.into_inner().map_err(FlightError::from),
+            Arc::default(),
+        );
+        // A query binds one row: a stream of more is refused as soon as it shows, unread.
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        while let Some(batch) = stream.try_next().await.map_err(|err| {
+            to_status(&Error::InvalidRequest {
+                reason: format!("parameter batch does not decode: {err}"),
+            })
+        })? {
+            batches.push(batch);
+            if batches.iter().map(RecordBatch::num_rows).sum::<usize>() > 1 {
+                break;
+            }
+        }
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         let values = match batches.iter().find(|b| b.num_rows() > 0) {
             Some(batch) if rows == 1 => status(params_of_row(batch, 0))?,
