@@ -314,6 +314,50 @@ async fn gc_never_passes_an_open_snapshot() {
     assert!(cluster.state().safe_point > later);
 }
 
+/// Two deployments share a cluster. The one with an old snapshot open registers it with PD;
+/// the other's GC then stops below it, and moves on once the snapshot is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_sharing_a_cluster_never_collect_what_another_reads() {
+    let (cluster, reader, reader_store) = setup().await;
+    let reader = reader.with_gc_service("moraine-lake-a");
+    let writer = TikvBackend::connect_with(cluster.pd_endpoints(), reader.options())
+        .await
+        .expect("a second deployment connects")
+        .with_gc_service("moraine-lake-b");
+    let writer_store = Store::new(Arc::new(writer.clone()), StoreLimits::default());
+    assert!(commit_reporting(&writer_store, generation(5, 1)).await);
+    let old = reader_store.snapshot().await.expect("snapshot");
+    reader
+        .advance_gc(Duration::ZERO)
+        .await
+        .expect("the reader registers its snapshot");
+    let registered = cluster.state().service_safe_points[b"moraine-lake-a".as_slice()].0;
+    for g in 2..5 {
+        assert!(commit_reporting(&writer_store, generation(5, g)).await);
+    }
+    let safe_point = writer.advance_gc(Duration::ZERO).await.expect("gc");
+    assert!(
+        safe_point <= registered,
+        "the writer's GC went to {safe_point}, past the reader's {registered}"
+    );
+    assert_eq!(
+        old.get(&key(7)).await.expect("get"),
+        Some(value(7, 1)),
+        "the other deployment's snapshot still reads its versions"
+    );
+    drop(old);
+    reader
+        .advance_gc(Duration::ZERO)
+        .await
+        .expect("the reader moves on");
+    let later = writer.advance_gc(Duration::ZERO).await.expect("gc");
+    assert!(
+        later > safe_point,
+        "GC moves on once no deployment reads the old versions"
+    );
+    assert_eq!(cluster.state().mvcc.version_count(&key(7)), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_pd_is_unavailable_within_the_timeout() {
     let options = TikvOptions {

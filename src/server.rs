@@ -199,7 +199,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
             None,
         )
     } else {
-        open_tikv(&config.pd).await?
+        open_tikv(&config.pd, &config.key_prefix).await?
     };
     let catalog = Catalog::new(store, keyspace);
     upgrade(&catalog).await?;
@@ -229,8 +229,10 @@ type Housekeeping = Option<Box<dyn std::any::Any + Send>>;
 
 /// Connects to the TiKV cluster whose PD endpoints are `pd`, and starts its GC task.
 #[cfg(feature = "tikv")]
-async fn open_tikv(pd: &[String]) -> Result<(Store, Housekeeping)> {
-    let backend = crate::kv::tikv::TikvBackend::connect(pd.to_vec(), PD_CONNECT_TIMEOUT).await?;
+async fn open_tikv(pd: &[String], key_prefix: &str) -> Result<(Store, Housekeeping)> {
+    let backend = crate::kv::tikv::TikvBackend::connect(pd.to_vec(), PD_CONNECT_TIMEOUT)
+        .await?
+        .with_gc_service(&format!("moraine-{key_prefix}"));
     tracing::info!(pd = ?pd, "connected to TiKV");
     let gc = backend.spawn_gc(GC_EVERY, GC_KEEP);
     Ok((
@@ -244,7 +246,7 @@ async fn open_tikv(pd: &[String]) -> Result<(Store, Housekeeping)> {
     clippy::unused_async,
     reason = "the same signature as with the feature"
 )]
-async fn open_tikv(_pd: &[String]) -> Result<(Store, Housekeeping)> {
+async fn open_tikv(_pd: &[String], _key_prefix: &str) -> Result<(Store, Housekeeping)> {
     Err(Error::Config {
         setting: "pd",
         reason: "this moraine was built without TiKV support; build it with `--features tikv`"

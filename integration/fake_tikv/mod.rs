@@ -202,6 +202,8 @@ pub struct State {
     pub store_down_until: BTreeMap<u64, Instant>,
     pub mvcc: Mvcc,
     pub safe_point: u64,
+    /// Service GC safe points, by service id: the point and when it lapses.
+    pub service_safe_points: BTreeMap<Vec<u8>, (u64, Instant)>,
     pub next_id: u64,
     pub armed: Vec<(Rpc, Fault)>,
     /// RPCs served per kind name, for tests to see what the client did.
@@ -421,6 +423,7 @@ impl FakeCluster {
                 store_down_until: BTreeMap::new(),
                 mvcc: Mvcc::default(),
                 safe_point: 0,
+                service_safe_points: BTreeMap::new(),
                 next_id,
                 armed: Vec::new(),
                 rpc_counts: BTreeMap::new(),

@@ -183,6 +183,36 @@ impl pdpb::pd_server::Pd for PdService {
         }))
     }
 
+    async fn update_service_gc_safe_point(
+        &self,
+        request: Request<pdpb::UpdateServiceGcSafePointRequest>,
+    ) -> Result<Response<pdpb::UpdateServiceGcSafePointResponse>, Status> {
+        let req = request.into_inner();
+        let mut state = self.shared.lock();
+        let now = std::time::Instant::now();
+        state
+            .service_safe_points
+            .retain(|_, (_, until)| *until > now);
+        let ttl = std::time::Duration::from_secs(u64::try_from(req.ttl).unwrap_or(0));
+        // As PD: a registration below the cluster's GC safe point is raised to it.
+        let safe_point = req.safe_point.max(state.safe_point);
+        state
+            .service_safe_points
+            .insert(req.service_id.clone(), (safe_point, now + ttl));
+        let min_safe_point = state
+            .service_safe_points
+            .values()
+            .map(|(point, _)| *point)
+            .min()
+            .unwrap_or(safe_point);
+        Ok(Response::new(pdpb::UpdateServiceGcSafePointResponse {
+            header: header(),
+            service_id: req.service_id,
+            ttl: req.ttl,
+            min_safe_point,
+        }))
+    }
+
     async fn update_gc_safe_point(
         &self,
         request: Request<pdpb::UpdateGcSafePointRequest>,

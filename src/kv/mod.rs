@@ -17,6 +17,8 @@ mod digest;
 pub mod memory;
 mod overlay;
 mod page;
+#[cfg(feature = "tikv")]
+mod pd;
 #[cfg(feature = "redb")]
 pub mod redb;
 mod staged;

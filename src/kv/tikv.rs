@@ -20,7 +20,8 @@
 //! - Reads, and commits before their prewrite, wait out locks of live transactions for up to
 //!   [`TikvOptions::lock_wait`]; the client resolves expired locks itself.
 //! - Nobody else advances the GC safe point: [`TikvBackend::advance_gc`] (or the task of
-//!   [`TikvBackend::spawn_gc`]) does, never past the start of a snapshot still open.
+//!   [`TikvBackend::spawn_gc`]) does, never past the start of a snapshot still open, nor past
+//!   what another deployment on the cluster registered with PD as its oldest read.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -49,6 +50,12 @@ const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// How long a request that needs PD sleeps before asking an unreachable PD again.
 const PD_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// How long PD keeps a deployment's service safe point without a renewal.
+pub const GC_SERVICE_TTL: Duration = Duration::from_mins(30);
+
+/// The service name a backend registers its GC safe point under unless told otherwise.
+const DEFAULT_GC_SERVICE: &str = "moraine";
 
 /// How many bits of a TSO timestamp hold the logical counter.
 const LOGICAL_BITS: u32 = 18;
@@ -80,6 +87,10 @@ impl Default for TikvOptions {
 pub struct TikvBackend {
     client: TransactionClient,
     options: TikvOptions,
+    /// PD's endpoints, for the calls the client does not make.
+    pd_endpoints: Arc<[String]>,
+    /// This deployment's name among the services holding back the cluster's GC.
+    gc_service: Arc<str>,
     open: Arc<OpenSnapshots>,
     gc: Arc<Mutex<u64>>,
 }
@@ -122,6 +133,7 @@ impl TikvBackend {
             return Err(unavailable("no PD endpoint given"));
         }
         let shown = pd_endpoints.join(",");
+        let endpoints: Arc<[String]> = pd_endpoints.clone().into();
         // The client has no connect deadline of its own: a PD that accepts connections and
         // never answers would hold it forever.
         let client = match tokio::time::timeout(
@@ -144,6 +156,8 @@ impl TikvBackend {
         Ok(Self {
             client,
             options,
+            pd_endpoints: endpoints,
+            gc_service: Arc::from(DEFAULT_GC_SERVICE),
             open: Arc::new(OpenSnapshots::default()),
             gc: Arc::new(Mutex::new(0)),
         })
@@ -161,15 +175,26 @@ impl TikvBackend {
         self.open.count()
     }
 
+    /// This backend with `service` as its name among the deployments that hold back the
+    /// cluster's GC (one per key prefix sharing a cluster).
+    #[must_use]
+    pub fn with_gc_service(mut self, service: &str) -> Self {
+        self.gc_service = Arc::from(service);
+        self
+    }
+
     /// Advances the GC safe point to `keep` before now, or to the start of the oldest open
     /// snapshot if that is earlier, and never backwards. Returns the safe point in force.
     ///
-    /// The safe point only protects snapshots of this process: other processes sharing the
-    /// cluster must run their own GC with a `keep` longer than any read of theirs.
+    /// The target is first registered with PD as this deployment's service safe point, and
+    /// GC goes no further than the lowest service safe point of the cluster: deployments
+    /// sharing a cluster (each under its own [`with_gc_service`](Self::with_gc_service) name)
+    /// never collect what another still reads. A registration lapses after
+    /// [`GC_SERVICE_TTL`] unless renewed.
     ///
     /// # Errors
-    /// [`KvError::Unavailable`] when PD cannot be reached, [`KvError::Backend`] when lock
-    /// cleanup fails.
+    /// [`KvError::Unavailable`] when PD cannot be reached, or refuses the registration (then
+    /// nothing is collected), [`KvError::Backend`] when lock cleanup fails.
     pub async fn advance_gc(&self, keep: Duration) -> Result<u64, KvError> {
         let now = self
             .waiting_for_pd(|| self.client.current_timestamp())
@@ -181,6 +206,15 @@ impl TikvBackend {
         if let Some(oldest) = self.open.oldest() {
             target = target.min(oldest);
         }
+        let lowest = super::pd::update_service_safe_point(
+            &self.pd_endpoints,
+            &self.gc_service,
+            GC_SERVICE_TTL,
+            target,
+        )
+        .await
+        .map_err(|err| unavailable(format!("registering the GC safe point failed: {err}")))?;
+        target = target.min(lowest);
         let last = *self.gc.lock().unwrap_or_else(PoisonError::into_inner);
         if target <= last {
             return Ok(last);
