@@ -319,9 +319,9 @@ impl QueryEngine {
         }
         let mut stream = self.run(physical)?;
         let mut ops = self.ops_of(write, &mut stream).await?;
-        if !ops.is_empty() {
-            ops.splice(0..0, holds.into_iter().map(Op::Hold));
-        }
+        // Held even when nothing matched: a DROP of a table without files still conflicts
+        // with a file inserted into it concurrently.
+        ops.splice(0..0, holds.into_iter().map(Op::Hold));
         Ok(ops)
     }
 
