@@ -13,6 +13,8 @@ use moraine::kv::{
     Store, StoreLimits, WriteSet,
 };
 
+use moraine::fuzz::Rng;
+
 use crate::harness::Backend;
 
 fn key(i: u32) -> Vec<u8> {
@@ -729,20 +731,9 @@ pub async fn a_range_holder_and_inserts_into_its_range_never_both_win(backend: B
     }
 }
 
-/// A small deterministic generator, so a failing sequence can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u32 {
-        u32::try_from(self.next() % n).expect("small")
-    }
+/// A number below `n`, as a key or value index.
+fn pick(rng: &mut Rng, n: usize) -> u32 {
+    u32::try_from(rng.below(n)).expect("small")
 }
 
 /// Random write sets on the backend and on the memory model side by side: every outcome, every
@@ -758,11 +749,11 @@ pub async fn agrees_with_the_memory_model(backend: Backend) {
     let mut old_snapshots: Vec<(Snapshot, Snapshot)> = Vec::new();
     for round in 0..150 {
         let mut writes = WriteSet::new();
-        for _ in 0..=rng.below(12) {
-            let k = key(rng.below(64));
-            match rng.below(8) {
-                0..=2 => writes.put(k, value(rng.below(1000), round)),
-                3 | 4 => writes.insert(k, value(rng.below(1000), round)),
+        for _ in 0..=pick(&mut rng, 12) {
+            let k = key(pick(&mut rng, 64));
+            match pick(&mut rng, 8) {
+                0..=2 => writes.put(k, value(pick(&mut rng, 1000), round)),
+                3 | 4 => writes.insert(k, value(pick(&mut rng, 1000), round)),
                 5 | 6 => writes.delete(k),
                 _ => writes.require_present(k),
             };
@@ -770,17 +761,17 @@ pub async fn agrees_with_the_memory_model(backend: Backend) {
         let got = t.store.commit(writes.clone()).await;
         let want = model.store.commit(writes).await;
         assert_eq!(got, want, "seed {seed} round {round}: outcomes differ");
-        if rng.below(5) == 0 {
+        if pick(&mut rng, 5) == 0 {
             old_snapshots.push((
                 t.store.snapshot().await.expect("snapshot"),
                 model.store.snapshot().await.expect("snapshot"),
             ));
         }
         for (ours, theirs) in &old_snapshots {
-            let lo = rng.below(70);
-            let range = KeyRange::new(key(lo), key(lo + rng.below(40)));
+            let lo = pick(&mut rng, 70);
+            let range = KeyRange::new(key(lo), key(lo + pick(&mut rng, 40)));
             let page = PageSize {
-                rows: 1 + rng.below(9) as usize,
+                rows: 1 + rng.below(9),
                 bytes: 1 << 20,
             };
             assert_eq!(
@@ -788,7 +779,7 @@ pub async fn agrees_with_the_memory_model(backend: Backend) {
                 scan_all(theirs, range, page).await,
                 "seed {seed} round {round}: scans differ"
             );
-            let probe = key(rng.below(64));
+            let probe = key(pick(&mut rng, 64));
             assert_eq!(
                 ours.get(&probe).await,
                 theirs.get(&probe).await,

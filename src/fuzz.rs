@@ -204,25 +204,29 @@ pub fn sql(data: &[u8]) {
     }
 }
 
+/// A small deterministic generator (xorshift), for the fuzz harness and the randomized
+/// tests, so a failing input or sequence can be found again from its seed. Not for secrets.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next_u64() % (n.max(1) as u64)).unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A deterministic generator, so a failing input can be found again from its seed.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            usize::try_from(self.next() % (n.max(1) as u64)).unwrap_or(0)
-        }
-    }
 
     /// `input` changed a little: bytes flipped, cut, repeated or inserted.
     fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {

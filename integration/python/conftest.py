@@ -15,6 +15,7 @@ in cargo's target directory is used if it exists.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import faulthandler
 import functools
@@ -437,6 +438,20 @@ class Ids:
 LISTENING = re.compile(r"listening on (\S+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 LOG_TAIL = 80
+
+
+@contextlib.contextmanager
+def autocommit_cursor(uri: str) -> Iterator:
+    """A cursor of a new ADBC connection with autocommit on (each statement commits on its
+    own), closed with its connection afterwards."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    conn = flightsql.connect(uri, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.close()
 
 
 def moraine_bin() -> Path:

@@ -17,7 +17,15 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from conftest import COLUMNS, DATA_FILE, NAME_MAPPING, Ids, arrow_rows, data_file, flat_mapping
+from conftest import (
+    COLUMNS,
+    DATA_FILE,
+    NAME_MAPPING,
+    Ids,
+    arrow_rows,
+    autocommit_cursor,
+    data_file,
+)
 from test_pyarrow_flight import OPTIONS, SQL_PKG, _bytes_field, _varint_field, command
 from test_writes_pyarrow import (
     MAPPING_PATH,
@@ -57,13 +65,9 @@ class Ctx:
 
 def sql(text: str, code: str, *words: str, params=None) -> Case:
     def run(ctx: Ctx) -> None:
-        conn = flightsql.connect(ctx.uri, autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(text, params)
-                cur.fetch_arrow_table()
-        finally:
-            conn.close()
+        with autocommit_cursor(ctx.uri) as cur:
+            cur.execute(text, params)
+            cur.fetch_arrow_table()
     return Case(f"sql: {text[:60]}", run, code, words)
 
 
@@ -101,12 +105,8 @@ def stream(path: str, messages_of: Callable[[Ctx], list], name: str, code: str, 
 def ingest(table: str, data_of: Callable[[Ctx], pa.Table], name: str, code: str, *words: str,
            mode: str = "append", temporary: bool = False) -> Case:
     def run(ctx: Ctx) -> None:
-        conn = flightsql.connect(ctx.uri, autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                cur.adbc_ingest(table, data_of(ctx), mode=mode, temporary=temporary)
-        finally:
-            conn.close()
+        with autocommit_cursor(ctx.uri) as cur:
+            cur.adbc_ingest(table, data_of(ctx), mode=mode, temporary=temporary)
     return Case(f"ingest: {name}", run, code, words)
 
 
@@ -350,12 +350,8 @@ def test_bad_input_battery(server_factory):
             if len(msg) > 8192:
                 failures.append(f"{case.name}: a message of {len(msg)} bytes")
             # The server goes on.
-            conn = flightsql.connect(running.uri, autocommit=True)
-            try:
-                with conn.cursor() as cur:
-                    cur.execute("SELECT count(*) FROM ducklake_data_file")
-                    assert cur.fetchone()[0] > 0
-            finally:
-                conn.close()
+            with autocommit_cursor(running.uri) as cur:
+                cur.execute("SELECT count(*) FROM ducklake_data_file")
+                assert cur.fetchone()[0] > 0
     assert not failures, "\n".join(failures)
     assert data_dir_hashes(running.server.data_dir) == before, "the store changed"

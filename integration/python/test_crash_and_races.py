@@ -28,6 +28,7 @@ from conftest import (
     Mapping,
     Server,
     arrow_rows,
+    autocommit_cursor,
     data_file,
     moraine_bin,
 )
@@ -77,19 +78,15 @@ def adbc_commit(conn, m: Mapping, f: tuple) -> None:
 def stored(uri: str) -> Tuple[Dict[int, Tuple[int, List[str]]], Dict[int, Tuple[int, str]]]:
     """Mappings as {mapping_id: (table_id, source names)}, files as {data_file_id: (table_id,
     path)}."""
-    conn = flightsql.connect(uri, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT m.mapping_id, m.table_id, n.source_name FROM "
-                        "ducklake_column_mapping m JOIN ducklake_name_mapping n "
-                        "ON m.mapping_id = n.mapping_id ORDER BY m.mapping_id, n.column_id")
-            mappings: Dict[int, Tuple[int, List[str]]] = {}
-            for mapping_id, table_id, name in cur.fetchall():
-                mappings.setdefault(mapping_id, (table_id, []))[1].append(name)
-            cur.execute("SELECT data_file_id, table_id, path FROM ducklake_data_file")
-            files = {i: (t, p) for i, t, p in cur.fetchall()}
-    finally:
-        conn.close()
+    with autocommit_cursor(uri) as cur:
+        cur.execute("SELECT m.mapping_id, m.table_id, n.source_name FROM "
+                    "ducklake_column_mapping m JOIN ducklake_name_mapping n "
+                    "ON m.mapping_id = n.mapping_id ORDER BY m.mapping_id, n.column_id")
+        mappings: Dict[int, Tuple[int, List[str]]] = {}
+        for mapping_id, table_id, name in cur.fetchall():
+            mappings.setdefault(mapping_id, (table_id, []))[1].append(name)
+        cur.execute("SELECT data_file_id, table_id, path FROM ducklake_data_file")
+        files = {i: (t, p) for i, t, p in cur.fetchall()}
     return mappings, files
 
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from conftest import autocommit_cursor
 from test_pyarrow_flight import OPTIONS, SQL_PKG, _bytes_field
 
 EXTRA_ARGS = [
@@ -43,15 +44,11 @@ def refused(uri: str, sql: str, code: str, words) -> str:
     """Runs `sql` on a connection with autocommit on; it must fail with gRPC status `code`
     (which the ADBC driver names in its message, in parentheses), naming every one of
     `words`. Returns the message."""
-    conn = flightsql.connect(uri, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            with pytest.raises(flightsql.Error) as e:
-                cur.execute(sql)
-                got = cur.fetch_arrow_table()
-                pytest.fail(f"{sql[:80]} ran: {got.to_pylist()[:3]}")
-    finally:
-        conn.close()
+    with autocommit_cursor(uri) as cur:
+        with pytest.raises(flightsql.Error) as e:
+            cur.execute(sql)
+            got = cur.fetch_arrow_table()
+            pytest.fail(f"{sql[:80]} ran: {got.to_pylist()[:3]}")
     msg = str(e.value)
     assert has_code(msg, code), f"{sql[:80]}: not {code}: {e.value!r}"
     for w in words:
@@ -66,13 +63,9 @@ def has_code(msg: str, code: str) -> bool:
 
 
 def scalar(uri: str, sql: str):
-    conn = flightsql.connect(uri, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            return cur.fetchone()[0]
-    finally:
-        conn.close()
+    with autocommit_cursor(uri) as cur:
+        cur.execute(sql)
+        return cur.fetchone()[0]
 
 
 def test_functions_asked_for_gigabytes_are_refused_before_they_allocate(limited):

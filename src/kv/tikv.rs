@@ -287,11 +287,16 @@ impl TikvBackend {
         if writes.has_requirements() {
             // The requirements are read at the commit's own start timestamp; every key they
             // name is in its prewrite (written or locked), so a change after that conflicts.
-            let reads = Snapshot {
-                client: self.client.clone(),
-                timestamp: txn.start_timestamp(),
-                lock_wait: self.options.lock_wait.saturating_sub(started.elapsed()),
-                _registration: OpenSnapshot::register(&self.open, txn.start_timestamp().version()),
+            let reads = super::Snapshot {
+                inner: Arc::new(Snapshot {
+                    client: self.client.clone(),
+                    timestamp: txn.start_timestamp(),
+                    lock_wait: self.options.lock_wait.saturating_sub(started.elapsed()),
+                    _registration: OpenSnapshot::register(
+                        &self.open,
+                        txn.start_timestamp().version(),
+                    ),
+                }),
             };
             let unmet = match requirements_unmet(&reads, writes).await {
                 Ok(unmet) => unmet,
@@ -370,7 +375,7 @@ impl TikvBackend {
 
 /// The first requirement of `writes` that the store, read through `reads`, does not meet.
 async fn requirements_unmet(
-    reads: &Snapshot,
+    reads: &super::Snapshot,
     writes: &StagedWrites,
 ) -> Result<Option<Conflict>, KvError> {
     let required: Vec<Vec<u8>> = writes
@@ -386,20 +391,10 @@ async fn requirements_unmet(
         .collect();
     let mut ranges = Vec::with_capacity(writes.ranges().len());
     for required in writes.ranges() {
-        let mut pages = Vec::new();
-        let mut rest = required.range.clone();
-        while !rest.is_empty() {
-            let page = reads.scan_page(&rest, PageSize::default()).await?;
-            let next = match page.last_key() {
-                Some(last) if !page.is_exhausted() => Some(rest.after(last)),
-                _ => None,
-            };
-            pages.push(page);
-            match next {
-                Some(next) => rest = next,
-                None => break,
-            }
-        }
+        let pages: Vec<Page> = futures::TryStreamExt::try_collect(
+            reads.scan_pages(required.range.clone(), PageSize::default()),
+        )
+        .await?;
         ranges.push(pages);
     }
     let mut next_range = ranges.iter();

@@ -969,14 +969,12 @@ impl Staging {
                 // The id range of the index is held whole: an insert of an id in it, or a
                 // change to a file in it, conflicts with the delete.
                 let span = keyspace.id_span(Kind::DataFileById, range.clone());
-                let digest = self.stored_digest(&span).await?;
+                self.hold(&Hold::Ranges(vec![span])).await?;
                 let rows = self
                     .view()
                     .index_entries(Kind::DataFileById, range.clone())
                     .await?;
                 self.hold_rows(Kind::DataFile, &rows, &[]).await?;
-                let (writes, undo, _, _) = self.parts();
-                writes.require_range(span, digest, undo);
                 self.delete_rows(Kind::DataFile, &rows)
             }
             Delete::DataFilesOfTables(tables) => {
