@@ -15,6 +15,16 @@ extension, the catalog file is read as a plain DuckDB database):
     python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://... --watch 5
     python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://... --dry-run
 
+A server started with `--auth-file` needs credentials: `--username NAME` logs in with the
+password in the environment variable MORAINE_PASSWORD (never on the command line, where other
+users can read it), or a pre-issued token (`moraine token create`) in MORAINE_TOKEN is sent as
+a bearer token. The mirror stages writes, so the user or token needs the writer role:
+
+    MORAINE_PASSWORD=... python integration/ducklake_mirror.py --catalog lake.ducklake \
+        --moraine grpc://... --username mirror
+    MORAINE_TOKEN=mrt_... python integration/ducklake_mirror.py --catalog lake.ducklake \
+        --moraine grpc://...
+
 It prints one line per moraine transaction and exits 0 (1 on an error). DuckDB locks a
 database file for the process that writes it, so the command line reads a catalog no other
 process holds open; inside the process that runs DuckLake, use the library on the attached
@@ -26,7 +36,8 @@ catalog instead:
     con = duckdb.connect()
     con.execute("LOAD ducklake")
     con.execute("ATTACH 'ducklake:lake.ducklake' AS lake (DATA_PATH 'data/')")
-    mirror = Mirror(DuckLakeCatalog.attached(con, "lake"), "grpc://127.0.0.1:50051")
+    mirror = Mirror(DuckLakeCatalog.attached(con, "lake"), "grpc://127.0.0.1:50051",
+                    connect_kwargs=credentials(username="mirror", password="..."))
     ...  # DuckLake commits
     result = mirror.sync()  # stages what those commits changed; result.commits lists them
 
@@ -79,6 +90,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 import warnings
@@ -487,6 +499,25 @@ def connect(uri: str, **kwargs):
         return flightsql.connect(uri, **kwargs)
 
 
+def credentials(username: Optional[str] = None, password: Optional[str] = None,
+                token: Optional[str] = None) -> Dict[str, Any]:
+    """`connect()` keyword arguments that authenticate to a server started with
+    `--auth-file`: a user's login (the driver's `username`/`password` options: a Basic login,
+    whose session token the driver then sends on every call), or a pre-issued token sent as
+    `authorization: Bearer ...`. None of them: no credentials (an unauthenticated server)."""
+    if username is not None and token is not None:
+        raise ValueError("a username or a token, not both")
+    if username is not None:
+        if not password:
+            raise ValueError(f"no password for user {username}")
+        return {"db_kwargs": {"username": username, "password": password}}
+    if token is not None:
+        from adbc_driver_flightsql import DatabaseOptions
+
+        return {"db_kwargs": {DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {token}"}}
+    return {}
+
+
 def _is_conflict(err: BaseException) -> bool:
     import adbc_driver_manager.dbapi as dbapi
 
@@ -575,14 +606,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="the DuckLake catalog file (a DuckDB database, e.g. lake.ducklake)")
     parser.add_argument("--moraine", required=True,
                         help="the moraine server, e.g. grpc://127.0.0.1:50051")
+    parser.add_argument("--username",
+                        help="log in as this moraine user (a writer), with the password in "
+                             "the environment variable MORAINE_PASSWORD; without it, a token "
+                             "in MORAINE_TOKEN is used if set")
     parser.add_argument("--watch", type=float, metavar="SECONDS",
                         help="keep syncing, every SECONDS, until interrupted")
     parser.add_argument("--dry-run", action="store_true",
                         help="print what would be staged, stage nothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    if args.username is not None:
+        password = os.environ.get("MORAINE_PASSWORD")
+        if not password:
+            parser.error("--username needs the password in MORAINE_PASSWORD")
+        auth = credentials(username=args.username, password=password)
+    else:
+        auth = credentials(token=os.environ.get("MORAINE_TOKEN") or None)
     try:
-        mirror = Mirror(DuckLakeCatalog.open(args.catalog), args.moraine)
+        mirror = Mirror(DuckLakeCatalog.open(args.catalog), args.moraine, connect_kwargs=auth)
         while True:
             if args.dry_run:
                 for c in mirror.plan():

@@ -157,7 +157,7 @@ fn name_batch(rows: &[NameMappingRow]) -> RecordBatch {
     .expect("batch")
 }
 
-fn file_batch(rows: &[DataFileRow]) -> RecordBatch {
+pub(crate) fn file_batch(rows: &[DataFileRow]) -> RecordBatch {
     let int = |f: fn(&DataFileRow) -> Option<i64>| -> ArrayRef {
         Arc::new(rows.iter().map(f).collect::<Int64Array>())
     };
@@ -194,7 +194,7 @@ fn file_batch(rows: &[DataFileRow]) -> RecordBatch {
 
 /// One registered file's worth of rows: mapping `mapping_id` of `table_id` (a struct with two
 /// children) and data file `mapping_id + 1` using it.
-fn registration(table_id: i64, mapping_id: i64) -> CatalogRows {
+pub(crate) fn registration(table_id: i64, mapping_id: i64) -> CatalogRows {
     let name = |column_id, source: &str, parent| NameMappingRow {
         mapping_id: Some(mapping_id),
         column_id: Some(column_id),
@@ -246,7 +246,7 @@ fn ingest(table: &str, txn: Option<&Bytes>) -> CommandStatementIngest {
     }
 }
 
-async fn put(
+pub(crate) async fn put(
     client: &mut FlightSqlServiceClient<Channel>,
     table: &str,
     batch: RecordBatch,
@@ -257,7 +257,7 @@ async fn put(
         .await
 }
 
-async fn stage(
+pub(crate) async fn stage(
     client: &mut FlightSqlServiceClient<Channel>,
     rows: &CatalogRows,
     txn: Option<&Bytes>,

@@ -6,12 +6,14 @@
 //!   `tikv-client` runs against, and the TiKV backend under injected faults.
 //! - [`write_path`]: the staged write path (fold, validation, deletes, commit) on every backend.
 //! - [`flight_sql`], [`flight_writes`]: the Flight SQL server over real gRPC, reads and writes.
+//! - [`auth`]: logins, tokens, roles, per-session isolation and TLS over real gRPC.
 
 #![allow(
     clippy::indexing_slicing,
     reason = "test code: a panic is a failed test"
 )]
 
+mod auth;
 mod conformance;
 mod ducklake_fixture;
 #[cfg(feature = "tikv")]

@@ -1,31 +1,62 @@
 //! `moraine serve` start-up: a clear error, and no hang, when the store cannot be had.
 
+use clap::Parser as _;
 use moraine::Error;
-use moraine::config::ServeConfig;
+use moraine::config::{Cli, Command, ServeConfig};
 
-fn config(pd: Vec<String>, key_prefix: &str) -> ServeConfig {
-    ServeConfig {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        data: tempfile::tempdir().expect("dir").path().join("unused"),
-        pd,
-        key_prefix: key_prefix.to_owned(),
-        txn_idle_timeout: 300,
-        txn_max_rows: 1000,
-        txn_max_bytes: 1 << 20,
-        max_open_transactions: 8,
-        max_session_transactions: 2,
-        max_prepared_statements: 8,
-        max_session_prepared_statements: 2,
-        query_memory_mb: 64,
-        statement_timeout: 60,
-        redb_cache_mb: 64,
-        redb_checkpoint_ms: 1000,
+fn config(pd: &[String], key_prefix: &str) -> ServeConfig {
+    let data = tempfile::tempdir().expect("dir").path().join("unused");
+    let mut args = vec![
+        "moraine".to_owned(),
+        "serve".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+        format!("--data={}", data.display()),
+        format!("--key-prefix={key_prefix}"),
+    ];
+    if !pd.is_empty() {
+        args.push(format!("--pd={}", pd.join(",")));
+    }
+    match Cli::try_parse_from(args).expect("parses").command {
+        Command::Serve(config) => *config,
+        other => panic!("parsed as {other:?}"),
     }
 }
 
 #[tokio::test]
+async fn a_public_address_without_credentials_is_refused_unless_insecure_is_explicit() {
+    let mut public = config(&[], "");
+    public.listen = "0.0.0.0:0".parse().expect("addr");
+    let err = moraine::server::serve(public).await.expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            Error::Config {
+                setting: "listen",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--insecure-no-auth"), "{err}");
+}
+
+#[tokio::test]
+async fn an_auth_file_that_lists_nobody_is_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("auth");
+    std::fs::write(&file, "# nobody\n").expect("write");
+    let mut empty = config(&[], "");
+    empty.auth_file = Some(file);
+    let err = moraine::server::serve(empty).await.expect_err("refused");
+    assert!(
+        err.to_string().contains("lists no user and no token"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn an_invalid_key_prefix_is_refused_before_anything_starts() {
-    let err = moraine::server::serve(config(vec![], "no spaces"))
+    let err = moraine::server::serve(config(&[], "no spaces"))
         .await
         .expect_err("refused");
     assert!(matches!(err, Error::Codec(_)), "{err}");
@@ -41,7 +72,7 @@ async fn an_unreachable_pd_is_a_clear_error() {
     let started = std::time::Instant::now();
     let err = tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        moraine::server::serve(config(vec![addr], "lake")),
+        moraine::server::serve(config(&[addr], "lake")),
     )
     .await
     .expect("serve gives up in time")

@@ -22,17 +22,111 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the catalog over Arrow Flight SQL.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Replay a JSON dump of DuckLake commits into the embedded store (while no server holds it).
     Import(ImportConfig),
+    /// Manage the users of a credentials file (a running server rereads it on SIGHUP).
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage the bearer tokens of a credentials file (a running server rereads it on SIGHUP).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `moraine user …`.
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user, or replace one's role and password. The password comes from
+    /// `MORAINE_PASSWORD`, else from the first line of standard input.
+    Add {
+        /// The user's name.
+        name: String,
+        /// reader, writer or admin.
+        #[arg(long)]
+        role: String,
+        /// The credentials file.
+        #[arg(long, env = "MORAINE_AUTH_FILE")]
+        auth_file: PathBuf,
+    },
+    /// Remove a user; the user's sessions end at the server's next reload.
+    Remove {
+        /// The user's name.
+        name: String,
+        /// The credentials file.
+        #[arg(long, env = "MORAINE_AUTH_FILE")]
+        auth_file: PathBuf,
+    },
+}
+
+/// `moraine token …`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it, this once (the file keeps only its hash).
+    Create {
+        /// A name to list and revoke it by.
+        name: String,
+        /// reader, writer or admin.
+        #[arg(long)]
+        role: String,
+        /// Seconds until it expires; it never does without.
+        #[arg(long)]
+        ttl: Option<u64>,
+        /// The credentials file.
+        #[arg(long, env = "MORAINE_AUTH_FILE")]
+        auth_file: PathBuf,
+    },
+    /// List tokens: name, role, expiry.
+    List {
+        /// The credentials file.
+        #[arg(long, env = "MORAINE_AUTH_FILE")]
+        auth_file: PathBuf,
+    },
+    /// Revoke a token; its sessions end at the server's next reload.
+    Revoke {
+        /// Its name.
+        name: String,
+        /// The credentials file.
+        #[arg(long, env = "MORAINE_AUTH_FILE")]
+        auth_file: PathBuf,
+    },
 }
 
 /// Settings of `moraine serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeConfig {
-    /// Address to listen on (port 0 picks a free port; the log says which).
+    /// Address to listen on (port 0 picks a free port; the log says which). Without
+    /// --auth-file only a loopback address is accepted, unless --insecure-no-auth.
     #[arg(long, env = "MORAINE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// Credentials file (users and tokens with roles; see `moraine user`, `moraine token`):
+    /// every call then needs credentials. Reread on SIGHUP.
+    #[arg(long, env = "MORAINE_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// Serve without credentials on a non-loopback address.
+    #[arg(long, env = "MORAINE_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    /// PEM certificate chain: serve TLS (clients connect with grpc+tls://). Reread on SIGHUP.
+    #[arg(long, env = "MORAINE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "MORAINE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates: clients must present a certificate signed by one (mutual TLS).
+    #[arg(long, env = "MORAINE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Secret that ticket signatures derive from; servers sharing clients behind one address
+    /// must share it. Random per process when unset.
+    #[arg(long, env = "MORAINE_TICKET_KEY", hide_env_values = true)]
+    pub ticket_key: Option<String>,
+    /// Most sessions (logins and tokens in use) open at once, with --auth-file.
+    #[arg(long, env = "MORAINE_MAX_SESSIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_sessions: u64,
+    /// Seconds a session may sit idle before its token stops working.
+    #[arg(long, env = "MORAINE_SESSION_IDLE_TIMEOUT", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
+    pub session_idle_timeout: u64,
+    /// Seconds a session lasts at most, however busy.
+    #[arg(long, env = "MORAINE_SESSION_LIFETIME", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..=365 * 86_400))]
+    pub session_lifetime: u64,
     /// Directory of the embedded store, created if missing.
     #[arg(long, env = "MORAINE_DATA", default_value = "./moraine-data")]
     pub data: PathBuf,
@@ -103,18 +197,6 @@ impl ServeConfig {
             max_open: count(self.max_open_transactions),
             max_open_per_session: count(self.max_session_transactions),
         }
-    }
-
-    /// Everything the server lets its clients use.
-    #[must_use]
-    pub fn limits(&self) -> crate::server::Limits {
-        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        let mut limits = crate::server::Limits::of_transactions(self.txn_config());
-        limits.query.memory_bytes = count(self.query_memory_mb << 20);
-        limits.query.statement_timeout = std::time::Duration::from_secs(self.statement_timeout);
-        limits.prepared.max_total = count(self.max_prepared_statements);
-        limits.prepared.max_per_session = count(self.max_session_prepared_statements);
-        limits
     }
 }
 

@@ -77,11 +77,37 @@ pub enum Error {
         /// What became of it, as a phrase: "expired after 300 s idle; nothing of it was written".
         state: String,
     },
-    /// A per-transaction or per-request limit was reached; nothing of the request was applied.
-    #[error("{what}")]
+    /// A limit of the server was reached; nothing of the request was applied.
+    #[error(
+        "{} reached: at most {max} {} (serve {}); {}; nothing of this request was applied",
+        limit.what(),
+        limit.unit(),
+        limit.flag(),
+        limit.remedy()
+    )]
     LimitExceeded {
-        /// Which limit, its value, and how to raise it.
-        what: String,
+        /// Which limit.
+        limit: Limit,
+        /// Its value.
+        max: u64,
+    },
+    /// A call without valid credentials.
+    #[error("unauthenticated: {reason}")]
+    Unauthenticated {
+        /// What was missing or wrong, without echoing a secret.
+        reason: &'static str,
+    },
+    /// A caller whose role does not allow the call; nothing was done.
+    #[error("permission denied: {principal} has role {role}, and {what} needs role {needs}")]
+    PermissionDenied {
+        /// Who called.
+        principal: String,
+        /// Its role's name.
+        role: &'static str,
+        /// The name of the role the call needs.
+        needs: &'static str,
+        /// What was refused.
+        what: &'static str,
     },
     /// A statement ran past the server's statement timeout; what it would have written was
     /// not staged.
@@ -107,6 +133,86 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// A limit of the server, each set by a flag of `moraine serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Transactions open on the server.
+    OpenTransactions,
+    /// Transactions open in one session.
+    SessionTransactions,
+    /// Rows one transaction stages.
+    TransactionRows,
+    /// Bytes one transaction holds staged.
+    TransactionBytes,
+    /// Prepared statements open on the server.
+    PreparedStatements,
+    /// Prepared statements open in one session.
+    SessionPreparedStatements,
+    /// Bytes of SQL the open prepared statements hold.
+    PreparedSqlBytes,
+    /// Sessions open on the server.
+    Sessions,
+}
+
+impl Limit {
+    /// The flag of `moraine serve` that sets it.
+    #[must_use]
+    pub fn flag(self) -> &'static str {
+        match self {
+            Limit::OpenTransactions => "--max-open-transactions",
+            Limit::SessionTransactions => "--max-session-transactions",
+            Limit::TransactionRows => "--txn-max-rows",
+            Limit::TransactionBytes => "--txn-max-bytes",
+            Limit::PreparedStatements => "--max-prepared-statements",
+            Limit::SessionPreparedStatements => "--max-session-prepared-statements",
+            Limit::PreparedSqlBytes => "--max-prepared-sql-bytes",
+            Limit::Sessions => "--max-sessions",
+        }
+    }
+
+    /// What it counts, plural.
+    #[must_use]
+    pub fn unit(self) -> &'static str {
+        match self {
+            Limit::OpenTransactions | Limit::SessionTransactions => "transactions",
+            Limit::TransactionRows => "rows",
+            Limit::TransactionBytes | Limit::PreparedSqlBytes => "bytes",
+            Limit::PreparedStatements | Limit::SessionPreparedStatements => "prepared statements",
+            Limit::Sessions => "sessions",
+        }
+    }
+
+    /// What it bounds, as a phrase.
+    #[must_use]
+    pub fn what(self) -> &'static str {
+        match self {
+            Limit::OpenTransactions => "the server's limit of open transactions",
+            Limit::SessionTransactions => "this session's limit of open transactions",
+            Limit::TransactionRows => "the limit of rows one transaction stages",
+            Limit::TransactionBytes => "the limit of bytes one transaction holds staged",
+            Limit::PreparedStatements => "the server's limit of open prepared statements",
+            Limit::SessionPreparedStatements => "this session's limit of open prepared statements",
+            Limit::PreparedSqlBytes => "the limit of SQL bytes open prepared statements hold",
+            Limit::Sessions => "the server's limit of open sessions",
+        }
+    }
+
+    /// What the client can do about it.
+    #[must_use]
+    pub fn remedy(self) -> &'static str {
+        match self {
+            Limit::OpenTransactions | Limit::SessionTransactions => {
+                "commit or roll back a transaction first"
+            }
+            Limit::TransactionRows | Limit::TransactionBytes => "commit in smaller transactions",
+            Limit::PreparedStatements
+            | Limit::SessionPreparedStatements
+            | Limit::PreparedSqlBytes => "close prepared statements you no longer use",
+            Limit::Sessions => "close sessions you no longer use, or wait for idle ones to end",
+        }
+    }
 }
 
 /// How a query failed.

@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!   Flight SQL clients (ADBC, pyarrow.flight)
-//!        │ gRPC                                   flight/   protocol glue, tickets, status map
+//!        │ gRPC (TLS: tls)                        tls       rustls acceptor, reloadable
+//!        │ auth::gate: credentials → Session      auth/     users, tokens, roles, sessions
+//!        │                                        flight/   protocol glue, tickets, status map
 //!   ┌────┴──────────────┐                         txn       transactions, sessions, expiry
 //!   query/ (DataFusion)  write/ (stage, fold,     query/    providers, pushdown, scans
 //!   streams projections  validate, commit)        write/    the staged write path
@@ -39,6 +41,7 @@
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
 
+pub mod auth;
 pub mod batch;
 pub mod catalog;
 pub mod codec;
@@ -53,6 +56,7 @@ pub mod kv;
 pub mod model;
 pub mod query;
 pub mod server;
+pub mod tls;
 pub mod txn;
 pub mod write;
 

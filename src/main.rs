@@ -50,8 +50,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(config) => moraine::server::serve(config).await,
+            Command::Serve(config) => moraine::server::serve(*config).await,
             Command::Import(config) => moraine::server::import(config).await,
+            Command::User(command) => moraine::auth::cli::user(command),
+            Command::Token(command) => moraine::auth::cli::token(command),
         }
     });
     match result {

@@ -10,14 +10,18 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 
+use crate::auth::Authenticator;
 use crate::catalog::Catalog;
 use crate::codec::{KeyPrefix, Keyspace};
 use crate::config::{ImportConfig, ServeConfig};
 use crate::error::{Error, Result};
+use crate::flight::gate::Gate;
 use crate::flight::prepared::PreparedLimits;
+use crate::flight::tickets::TicketKey;
 use crate::flight::{MoraineFlightService, MoraineSqlService};
 use crate::kv::{Store, StoreLimits};
 use crate::query::{FastPaths, QueryEngine, QueryLimits};
+use crate::tls::{Tls, TlsIncoming};
 use crate::txn::{Transactions, TxnConfig};
 
 /// Largest message accepted: ADBC sends ingest batches over tonic's 4 MiB default.
@@ -39,14 +43,42 @@ pub async fn open_embedded(
 }
 
 /// A server running on a tokio task.
-#[derive(Debug)]
 pub struct RunningServer {
     addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<()>>,
+    auth: Arc<Authenticator>,
+    tls: Option<Arc<Tls>>,
+}
+
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("addr", &self.addr)
+            .field("authenticated", &self.auth.requires_credentials())
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RunningServer {
+    /// Rereads the credentials file and the TLS files (what SIGHUP does). Sessions of removed
+    /// users and tokens end. On an error, what is in force stays.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the file that cannot be read or used.
+    pub fn reload(&self) -> Result<()> {
+        let ended = self.auth.reload()?;
+        if let Some(tls) = &self.tls {
+            tls.reload()?;
+        }
+        tracing::info!(
+            sessions_ended = ended,
+            "reloaded credentials and certificates"
+        );
+        Ok(())
+    }
+
     /// Where it listens.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
@@ -99,6 +131,67 @@ pub async fn start_with(
     start_limited(catalog, addr, Limits::of_transactions(txn_config)).await
 }
 
+/// How the server lets clients in: who may call (an unauthenticated server lets everyone),
+/// and TLS.
+#[derive(Clone)]
+pub struct Access {
+    /// Who may call, and their sessions.
+    pub auth: Arc<Authenticator>,
+    /// TLS, if the endpoint uses it.
+    pub tls: Option<Arc<Tls>>,
+    /// The key tickets are signed with; random when `None`.
+    pub ticket_key: Option<TicketKey>,
+}
+
+impl Access {
+    /// Who may call, over what, from the settings of `moraine serve`: the credentials
+    /// file, TLS, the ticket key.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when a file cannot be read or used.
+    fn of_config(config: &ServeConfig) -> Result<Self> {
+        let auth = match &config.auth_file {
+            Some(file) => crate::auth::Authenticator::from_file(
+                file.clone(),
+                crate::auth::SessionLimits {
+                    idle_timeout: std::time::Duration::from_secs(config.session_idle_timeout),
+                    lifetime: std::time::Duration::from_secs(config.session_lifetime),
+                    max_sessions: usize::try_from(config.max_sessions).unwrap_or(usize::MAX),
+                },
+            )?,
+            None => crate::auth::Authenticator::open(),
+        };
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(std::sync::Arc::new(crate::tls::Tls::load(
+                crate::tls::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: config.tls_client_ca.clone(),
+                },
+            )?)),
+            _ => None,
+        };
+        Ok(Self {
+            auth: std::sync::Arc::new(auth),
+            tls,
+            ticket_key: config
+                .ticket_key
+                .as_deref()
+                .map(crate::flight::tickets::TicketKey::from_secret),
+        })
+    }
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Self {
+            auth: Arc::new(Authenticator::open()),
+            tls: None,
+            ticket_key: None,
+        }
+    }
+}
+
 /// What the server lets its clients use: transactions, queries and prepared statements.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -111,6 +204,17 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Everything the server lets its clients use, from the settings of `moraine serve`.
+    fn of_config(config: &ServeConfig) -> Self {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let mut limits = Self::of_transactions(config.txn_config());
+        limits.query.memory_bytes = count(config.query_memory_mb << 20);
+        limits.query.statement_timeout = std::time::Duration::from_secs(config.statement_timeout);
+        limits.prepared.max_total = count(config.max_prepared_statements);
+        limits.prepared.max_per_session = count(config.max_session_prepared_statements);
+        limits
+    }
+
     /// The defaults, with the transaction settings `txn` (which also bound what one
     /// `INSERT … SELECT` may produce).
     #[must_use]
@@ -136,6 +240,21 @@ pub async fn start_limited(
     addr: SocketAddr,
     limits: Limits,
 ) -> Result<RunningServer> {
+    start_secured(catalog, addr, limits, Access::default()).await
+}
+
+/// Binds `addr` and serves `catalog` within `limits` to the callers `access` lets in, until
+/// [`RunningServer::shutdown`].
+///
+/// # Errors
+/// [`Error::Config`] when the address cannot be bound; [`Error::Internal`] without OS
+/// randomness for the ticket key.
+pub async fn start_secured(
+    catalog: Catalog,
+    addr: SocketAddr,
+    limits: Limits,
+    access: Access,
+) -> Result<RunningServer> {
     let txn_config = limits.txn;
     let listener = TcpListener::bind(addr).await.map_err(|err| Error::Config {
         setting: "listen",
@@ -147,31 +266,67 @@ pub async fn start_limited(
     })?;
     let txns = Arc::new(Transactions::new(catalog.clone(), txn_config));
     txns.spawn_reaper();
+    {
+        // A session that ends because its user or token was removed takes its open
+        // transaction with it.
+        let txns = Arc::downgrade(&txns);
+        access.auth.on_session_end(move |session| {
+            if let Some(txns) = txns.upgrade() {
+                txns.close_session(session);
+            }
+        });
+    }
+    let ticket_key = match access.ticket_key {
+        Some(key) => key,
+        None => TicketKey::random()?,
+    };
     let engine = QueryEngine::with_limits(catalog, FastPaths::ALL, limits.query);
-    let service = MoraineFlightService::new(MoraineSqlService::new(engine, txns, limits.prepared)?);
+    let service = MoraineFlightService::new(MoraineSqlService::new(
+        engine,
+        txns,
+        limits.prepared,
+        Arc::clone(&access.auth),
+        ticket_key,
+    )?);
     let service = FlightServiceServer::new(service)
         .max_decoding_message_size(MAX_DECODING_MESSAGE)
         .max_encoding_message_size(MAX_ENCODING_MESSAGE);
+    let service = Gate::new(service, Arc::clone(&access.auth));
     let (tx, rx) = oneshot::channel::<()>();
+    let tls = access.tls.clone();
     let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            // Without TCP_NODELAY every small reply waits out delayed ACKs (about 40 ms a call).
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                async {
-                    let _ = rx.await;
-                },
-            )
-            .await
-            .map_err(|err| Error::InvalidRequest {
-                reason: format!("server failed: {err}"),
-            })
+        let router = tonic::transport::Server::builder().add_service(service);
+        let stop = async {
+            let _ = rx.await;
+        };
+        let served = match tls {
+            Some(tls) => {
+                router
+                    .serve_with_incoming_shutdown(TlsIncoming::new(listener, tls), stop)
+                    .await
+            }
+            // Without TCP_NODELAY every small reply waits out delayed ACKs (about 40 ms a
+            // call).
+            None => {
+                router
+                    .serve_with_incoming_shutdown(
+                        TcpIncoming::from(listener).with_nodelay(Some(true)),
+                        stop,
+                    )
+                    .await
+            }
+        };
+        served.map_err(|err| Error::Internal {
+            context: "serving",
+            reason: err.to_string(),
+        })
     });
     Ok(RunningServer {
         addr,
         shutdown: Some(tx),
         task,
+        auth: access.auth,
+        tls: access.tls,
     })
 }
 
@@ -192,6 +347,30 @@ async fn upgrade(catalog: &Catalog) -> Result<()> {
 /// # Errors
 /// When the store cannot be opened or the address bound.
 pub async fn serve(config: ServeConfig) -> Result<()> {
+    let access = Access::of_config(&config)?;
+    if access.auth.requires_credentials() {
+        tracing::info!("calls need credentials (--auth-file)");
+    } else if config.listen.ip().is_loopback() {
+        tracing::warn!(
+            "no --auth-file: the server is unauthenticated, and listens on loopback only"
+        );
+    } else if config.insecure_no_auth {
+        tracing::warn!(
+            "no --auth-file and --insecure-no-auth: anyone who reaches {} may read and \
+             change the catalog",
+            config.listen
+        );
+    } else {
+        return Err(Error::Config {
+            setting: "listen",
+            reason: format!(
+                "{} is not a loopback address and no --auth-file is set: anyone reaching it \
+                 could read and change the catalog. Set --auth-file (see `moraine user add`), \
+                 or pass --insecure-no-auth to serve unauthenticated anyway",
+                config.listen
+            ),
+        });
+    }
     let keyspace = Keyspace::new(KeyPrefix::new(&config.key_prefix)?);
     let (store, _gc) = if config.pd.is_empty() {
         (
@@ -203,11 +382,26 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     };
     let catalog = Catalog::new(store, keyspace);
     upgrade(&catalog).await?;
-    let mut server = start_limited(catalog, config.listen, config.limits()).await?;
-    tracing::info!("moraine listening on {}", server.addr());
-    let signal = tokio::select! {
-        signal = shutdown_signal() => signal,
-        ended = server.failed() => return ended,
+    let mut server =
+        start_secured(catalog, config.listen, Limits::of_config(&config), access).await?;
+    tracing::info!(
+        tls = server.tls.is_some(),
+        "moraine listening on {}",
+        server.addr()
+    );
+    let mut hangup = Hangup::new()?;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let signal = loop {
+        tokio::select! {
+            signal = &mut shutdown => break signal,
+            () = hangup.next() => {
+                if let Err(err) = server.reload() {
+                    tracing::error!("reload failed, keeping what is in force: {err}");
+                }
+            }
+            ended = server.failed() => return ended,
+        }
     };
     signal?;
     tracing::info!("shutting down");
@@ -252,6 +446,34 @@ async fn open_tikv(_pd: &[String], _key_prefix: &str) -> Result<(Store, Housekee
         reason: "this moraine was built without TiKV support; build it with `--features tikv`"
             .into(),
     })
+}
+
+/// SIGHUP, which rereads credentials and certificates.
+struct Hangup {
+    #[cfg(unix)]
+    signal: tokio::signal::unix::Signal,
+}
+
+impl Hangup {
+    fn new() -> Result<Self> {
+        Ok(Self {
+            #[cfg(unix)]
+            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(|err| Error::Config {
+                    setting: "signals",
+                    reason: err.to_string(),
+                })?,
+        })
+    }
+
+    /// Resolves at the next SIGHUP (never, where there is none).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if self.signal.recv().await.is_some() {
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn shutdown_signal() -> Result<()> {

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::catalog::{Catalog, CatalogSnapshot};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use futures::{Stream, StreamExt as _};
 
 use crate::write::{CommitReport, Op, Staging, ValidationError};
@@ -78,24 +78,14 @@ impl fmt::Display for TxnId {
     }
 }
 
-/// 128 random bits as hex: transaction ids and session tokens.
-#[must_use]
-pub fn random_token() -> String {
-    let mut bytes = [0_u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No OS randomness: fall back to the clock and a counter, unique if not secret.
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        bytes = (nanos ^ (u128::from(count) << 64)).to_le_bytes();
+impl TxnId {
+    /// A new id: 128 bits from the operating system's generator, hex.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the generator is unavailable.
+    fn random() -> Result<Self> {
+        crate::auth::random_hex::<16>("").map(Self)
     }
-    bytes.iter().fold(String::with_capacity(32), |mut hex, b| {
-        use std::fmt::Write as _;
-        let _ = write!(hex, "{b:02x}");
-        hex
-    })
 }
 
 /// How a transaction ended.
@@ -113,6 +103,7 @@ enum Ending {
 struct Ended {
     how: Ending,
     at: Instant,
+    owner: Option<String>,
 }
 
 /// Ended transactions are remembered this long, to answer late calls precisely.
@@ -126,6 +117,14 @@ struct Open {
     discarded: Arc<AtomicBool>,
     last_used: Instant,
     session: Option<String>,
+    /// Whether only `session` may use it (see [`Transactions::begin`]).
+    owned: bool,
+}
+
+impl Open {
+    fn owner(&self) -> Option<&str> {
+        self.session.as_deref().filter(|_| self.owned)
+    }
 }
 
 #[derive(Default)]
@@ -151,7 +150,14 @@ impl Registry {
                 self.ended.clear();
             }
         }
-        self.ended.insert(id.clone(), Ended { how, at: now });
+        self.ended.insert(
+            id.clone(),
+            Ended {
+                how,
+                at: now,
+                owner: open.owner().map(str::to_owned),
+            },
+        );
         Some(open)
     }
 
@@ -283,13 +289,15 @@ impl Transactions {
     }
 
     /// Opens a transaction, bound to `session` if given: that session's untagged requests
-    /// join it until it ends.
+    /// join it until it ends. When `owned`, only that session may use it; otherwise anyone
+    /// holding its (unguessable) id may.
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] when the server or the session has as many transactions open
     /// as it may.
-    pub fn begin(&self, session: Option<&str>) -> Result<TxnId> {
-        let id = TxnId(random_token());
+    pub fn begin(&self, session: Option<&str>, owned: bool) -> Result<TxnId> {
+        let id = TxnId::random()?;
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let now = Instant::now();
         let discarded = Arc::new(AtomicBool::new(false));
         let mut registry = self.registry();
@@ -299,11 +307,8 @@ impl Transactions {
         }
         if registry.open.len() >= self.config.max_open {
             return Err(Error::LimitExceeded {
-                what: format!(
-                    "{} transactions are open, the server's limit (serve --max-open-transactions); \
-                     commit or roll back one first",
-                    registry.open.len()
-                ),
+                limit: Limit::OpenTransactions,
+                max: count(self.config.max_open),
             });
         }
         if let Some(session) = session {
@@ -314,10 +319,8 @@ impl Transactions {
                 .count();
             if of_session >= self.config.max_open_per_session {
                 return Err(Error::LimitExceeded {
-                    what: format!(
-                        "this session has {of_session} transactions open, its limit (serve \
-                         --max-session-transactions); commit or roll back one first"
-                    ),
+                    limit: Limit::SessionTransactions,
+                    max: count(self.config.max_open_per_session),
                 });
             }
         }
@@ -333,6 +336,7 @@ impl Transactions {
                 discarded,
                 last_used: now,
                 session: session.map(str::to_owned),
+                owned,
             },
         );
         if let Some(session) = session {
@@ -348,6 +352,26 @@ impl Transactions {
         let id = registry.sessions.get(session).cloned()?;
         registry.expire_one(&id, self.config.idle_timeout, Instant::now());
         registry.open.contains_key(&id).then_some(id)
+    }
+
+    /// Checks that `session` may use transaction `id`: one begun in a session belongs to it
+    /// alone; one begun outside any session to whoever holds its id.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a transaction of another session, told as if it did not exist.
+    pub fn check_access(&self, id: &TxnId, session: Option<&str>) -> Result<()> {
+        let registry = self.registry();
+        let owner = match (registry.open.get(id), registry.ended.get(id)) {
+            (Some(open), _) => open.owner(),
+            (None, Some(ended)) => ended.owner.as_deref(),
+            (None, None) => None,
+        };
+        match owner {
+            Some(owner) if Some(owner) != session => Err(Error::NotFound {
+                what: format!("transaction {}", crate::error::excerpt(&id.0)),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `id` is open.
@@ -505,10 +529,8 @@ impl Transactions {
                 };
                 if *rows > self.config.max_rows {
                     return Err(Error::LimitExceeded {
-                        what: format!(
-                            "transaction would stage more than {} rows, its limit (serve --txn-max-rows); nothing of this request was staged",
-                            self.config.max_rows
-                        ),
+                        limit: Limit::TransactionRows,
+                        max: self.config.max_rows,
                     });
                 }
                 affected += staging.apply(&op, &mut violations).await?;
@@ -518,10 +540,8 @@ impl Transactions {
                 let memory = staging.memory();
                 if memory > self.config.max_bytes {
                     return Err(Error::LimitExceeded {
-                        what: format!(
-                            "transaction would hold {memory} bytes staged, over its limit of {} (serve --txn-max-bytes); nothing of this request was staged",
-                            self.config.max_bytes
-                        ),
+                        limit: Limit::TransactionBytes,
+                        max: self.config.max_bytes,
                     });
                 }
             }
@@ -719,7 +739,7 @@ mod tests {
             Catalog::new(store, Keyspace::new(KeyPrefix::none())),
             TxnConfig::default(),
         );
-        let id = txns.begin(Some("s")).expect("begin");
+        let id = txns.begin(Some("s"), true).expect("begin");
         txns.stage(&id, mapping(1)).await.expect("staged");
         let unknown = |err: &Error| {
             let status = crate::flight::status::to_status(err);
@@ -746,7 +766,7 @@ mod tests {
             idle_timeout: Duration::from_millis(30),
             ..TxnConfig::default()
         });
-        let id = txns.begin(Some("s")).expect("begin");
+        let id = txns.begin(Some("s"), true).expect("begin");
         assert_eq!(txns.of_session("s"), Some(id.clone()));
         std::thread::sleep(Duration::from_millis(60));
         let err = txns
@@ -767,7 +787,7 @@ mod tests {
             ..TxnConfig::default()
         });
         txns.spawn_reaper();
-        let abandoned = txns.begin(Some("gone")).expect("begin");
+        let abandoned = txns.begin(Some("gone"), true).expect("begin");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let registry = txns.registry();
         assert!(registry.open.is_empty(), "still open after the timeout");
@@ -781,7 +801,7 @@ mod tests {
     #[tokio::test]
     async fn a_pending_violation_waits_for_the_commit_and_a_final_one_is_refused_at_once() {
         let txns = transactions(TxnConfig::default());
-        let id = txns.begin(None).expect("begin");
+        let id = txns.begin(None, true).expect("begin");
         let mut ops = mapping(4);
         // The mapping before its name rows: pending, accepted.
         assert_eq!(
@@ -813,7 +833,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rollback_during_a_request_refuses_it() {
         let txns = Arc::new(transactions(TxnConfig::default()));
-        let id = txns.begin(None).expect("begin");
+        let id = txns.begin(None, true).expect("begin");
         let (signal, started) = tokio::sync::oneshot::channel::<()>();
         let (feed, requests) = tokio::sync::mpsc::channel::<Result<Vec<Op>>>(1);
         // Signals its first poll, which happens with the transaction held, then yields what
@@ -865,7 +885,7 @@ mod tests {
             max_rows: 1,
             ..TxnConfig::default()
         });
-        let id = txns.begin(None).expect("begin");
+        let id = txns.begin(None, true).expect("begin");
         let mut ops = mapping(4);
         txns.stage(&id, vec![ops.remove(0)])
             .await

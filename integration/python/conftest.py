@@ -622,6 +622,52 @@ class Server:
         return None
 
 
+# --------------------------------------------------------------------------------------------
+# Credentials files (`serve --auth-file`), made with moraine's own command line.
+
+CLI_TIMEOUT_S = 60
+
+
+def moraine_cli(*args: Any, password: Optional[str] = None,
+                check: bool = True) -> subprocess.CompletedProcess:
+    """Runs `moraine ARGS...` (e.g. `user add NAME --role writer --auth-file F`), with
+    `password` in MORAINE_PASSWORD if given. With `check`, a non-zero exit fails the test."""
+    cmd = [str(moraine_bin())] + [str(a) for a in args]
+    env = _child_env()
+    env.pop("MORAINE_PASSWORD", None)
+    if password is not None:
+        env["MORAINE_PASSWORD"] = password
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env,
+                              timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"`{' '.join(cmd)}` did not finish in {CLI_TIMEOUT_S} s\n"
+                    f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}", pytrace=False)
+    if check and done.returncode != 0:
+        pytest.fail(f"`{' '.join(cmd)}` exited {done.returncode}\nstdout:\n{done.stdout}\n"
+                    f"stderr:\n{done.stderr}", pytrace=False)
+    return done
+
+
+def add_user(auth_file: Path, name: str, role: str, password: str) -> None:
+    """`moraine user add NAME --role ROLE --auth-file F`, the password through
+    MORAINE_PASSWORD."""
+    moraine_cli("user", "add", name, "--role", role, "--auth-file", auth_file,
+                password=password)
+
+
+def create_token(auth_file: Path, name: str, role: str, ttl: Optional[int] = None) -> str:
+    """`moraine token create NAME --role ROLE [--ttl S] --auth-file F`: the token, which is
+    the one thing the command prints on stdout."""
+    ttl_args = ["--ttl", ttl] if ttl is not None else []
+    out = moraine_cli("token", "create", name, "--role", role, *ttl_args,
+                      "--auth-file", auth_file).stdout
+    token = out.strip()
+    assert token.startswith("mrt_") and len(out.splitlines()) == 1, \
+        f"`moraine token create` printed {out!r}, expected the token alone"
+    return token
+
+
 _RUNNING: List[Server] = []
 
 

@@ -4,7 +4,11 @@ into moraine by `integration/ducklake_mirror.py`, read back verbatim.
 DuckLake 1.4.4 runs in this process from PyPI (`duckdb`, `duckdb-ext-ducklake`: the extension
 is loaded from the package's own folder, with auto-install off, so no network is used) on a
 catalog in a DuckDB file under a temporary directory. Every test's moraine server starts on an
-empty store (`server_factory` with an empty dump).
+empty store (`server_factory` with an empty dump), with authentication on: its credentials file
+(`--auth-file`) holds one writer user and a writer token. The mirror logs in as that user
+(`ducklake_mirror.credentials`; the command line's `--username` and MORAINE_PASSWORD); the
+checks' own connections send the token (a login costs an Argon2 hash, slow in a debug build,
+and the checks open a connection for each read).
 
 The scenario tests (`test_s*`) build one lake step by step, in file order; each DuckLake commit
 is mirrored at once and then checked: the mirror staged one transaction per DuckLake commit and
@@ -23,8 +27,10 @@ import collections
 import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -33,7 +39,15 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from conftest import COLUMNS, column_names, mapping_order_key, sort_key, sorted_rows
+from conftest import (
+    COLUMNS,
+    add_user,
+    column_names,
+    create_token,
+    mapping_order_key,
+    sort_key,
+    sorted_rows,
+)
 
 INTEGRATION = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(INTEGRATION))
@@ -161,9 +175,10 @@ class Lake:
 
 
 @contextlib.contextmanager
-def moraine(uri: str) -> Iterator[Any]:
-    """A fresh ADBC connection (so its transaction sees every commit so far)."""
-    conn = dm.connect(uri)
+def moraine(uri: str, auth: Dict[str, Any]) -> Iterator[Any]:
+    """A fresh ADBC connection (so its transaction sees every commit so far), logged in with
+    `auth` (`dm.credentials(...)`)."""
+    conn = dm.connect(uri, **auth)
     try:
         yield conn
     finally:
@@ -229,6 +244,40 @@ def assert_mapping_load(got: pa.Table, want, what: str) -> None:
 # The harness: mirror each commit, then compare.
 
 
+# The mirror's user: a writer, the one user of each server's credentials file.
+MIRROR_USER = "mirror"
+MIRROR_PASSWORD = "mirror: DuckLake e2e"
+
+
+@dataclass
+class Secured:
+    """A moraine server whose calls need credentials, and how to log in to it."""
+
+    uri: str
+    auth: Dict[str, Any]  # dm.connect's keyword arguments: the mirror's user login
+    token: str  # a pre-issued writer token
+
+    @property
+    def checks(self) -> Dict[str, Any]:
+        """dm.connect's keyword arguments for the checks: the token."""
+        return dm.credentials(token=self.token)
+
+
+def start_secured(server_factory, root: Path, name: str) -> Secured:
+    """A server on an empty store with `--auth-file` listing the mirror's writer user and a
+    writer token. The server is checked to refuse a connection without credentials."""
+    auth_file = root / "credentials"
+    add_user(auth_file, MIRROR_USER, "writer", MIRROR_PASSWORD)
+    token = create_token(auth_file, "mirror-token", "writer")
+    running = server_factory(name, empty_dump(root), extra_args=["--auth-file", auth_file])
+    with pytest.raises(flightsql.Error) as refused:
+        with moraine(running.uri, {}) as conn:
+            fetch(conn, "SELECT 1")
+    assert "Unauthenticated" in str(refused.value), refused.value
+    return Secured(running.uri, dm.credentials(username=MIRROR_USER, password=MIRROR_PASSWORD),
+                   token)
+
+
 def empty_dump(root: Path) -> Path:
     """A dump of no commits, for `moraine import` (a server on an empty store)."""
     path = root / "empty-steps.json"
@@ -238,10 +287,10 @@ def empty_dump(root: Path) -> Path:
 
 
 class Harness:
-    def __init__(self, lake: Lake, uri: str):
-        self.lake, self.uri = lake, uri
+    def __init__(self, lake: Lake, server: Secured):
+        self.lake, self.uri, self.auth, self.checks = lake, server.uri, server.auth, server.checks
         self.catalog = dm.DuckLakeCatalog.attached(lake.con, lake.name)
-        self.mirror = dm.Mirror(self.catalog, uri)
+        self.mirror = dm.Mirror(self.catalog, self.uri, connect_kwargs=self.auth)
         self.cursor: Optional[int] = None  # DuckLake's: next_file_id at the previous load
         self.checked: Optional[int] = None  # the snapshot of the previous check
         self.table_ids = set()
@@ -261,7 +310,8 @@ class Harness:
         assert again.commits == [], (
             "re-running the mirror staged " + "; ".join(c.describe() for c in again.commits))
         assert dm.Mirror(dm.DuckLakeCatalog.attached(self.lake.con, self.lake.name),
-                         self.uri).plan() == [], "a fresh mirror still finds work"
+                         self.uri, connect_kwargs=self.auth).plan() == [], \
+            "a fresh mirror still finds work"
         self.check(catalog_orphans=catalog_orphans, every_snapshot=every_snapshot)
         return result
 
@@ -274,7 +324,7 @@ class Harness:
         self.table_ids |= {r[0] for r in lake.catalog("SELECT table_id FROM ducklake_table")}
         self.table_ids |= {r[0] for r in lake.catalog(
             "SELECT DISTINCT table_id FROM ducklake_data_file")}
-        with moraine(self.uri) as conn:
+        with moraine(self.uri, self.checks) as conn:
             # The three tables row for row.
             for table in TABLES:
                 cols = ", ".join(column_names(table))
@@ -305,7 +355,7 @@ class Harness:
                     assert_same_rows(rows_of(got), want,
                                      f"data files of table {table_id} at snapshot {s}")
         # The cold load: the first request of a new connection.
-        with moraine(self.uri) as conn:
+        with moraine(self.uri, self.checks) as conn:
             assert_mapping_load(fetch(conn, MAPPING_LOAD), lake.catalog(MAPPING_LOAD),
                                 f"cold mapping load at snapshot {snapshot}")
         self.cursor = next_file_id
@@ -323,22 +373,22 @@ class Harness:
             raise
 
     def moraine_mapping(self, mapping_id: int) -> List[Tuple[Any, ...]]:
-        with moraine(self.uri) as conn:
+        with moraine(self.uri, self.checks) as conn:
             rows = rows_of(fetch(conn, MAPPING_LOAD_FROM.format(cursor=mapping_id)))
         return [r for r in rows if r[0] == mapping_id]
 
     def moraine_files(self, table_id: int, snapshot: int) -> List[Dict[str, Any]]:
-        with moraine(self.uri) as conn:
+        with moraine(self.uri, self.checks) as conn:
             return fetch(conn, DATA_FILE_AT, [table_id, snapshot, snapshot]).to_pylist()
 
 
 @pytest.fixture(scope="module")
 def scenario(server_factory, tmp_path_factory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("ducklake-e2e")
-    running = server_factory("ducklake-e2e", empty_dump(root))
+    server = start_secured(server_factory, root, "ducklake-e2e")
     lake = Lake(root)
     try:
-        yield Harness(lake, running.uri)
+        yield Harness(lake, server)
     finally:
         lake.close()
 
@@ -694,7 +744,7 @@ def test_s12_newer_expiry_sweep_later(scenario):
         (c,) = h.sync([None], catalog_orphans=True).commits
         assert c.delete_files and c.delete_mapping_tables == [t3], c.describe()
         # DuckLake's statements again in a later moraine transaction: nothing left to remove.
-        with moraine(h.uri) as conn:
+        with moraine(h.uri, h.checks) as conn:
             with conn.cursor() as cur:
                 cur.execute(DELETE_MAPPINGS.format(ids=t3))
                 assert cur.rowcount == 0, f"repeated mapping DELETE affected {cur.rowcount}"
@@ -721,10 +771,10 @@ def test_s13_final_state(scenario):
 
 def test_catch_up_and_resume(server_factory, tmp_path_factory):
     root = tmp_path_factory.mktemp("ducklake-catchup")
-    running = server_factory("ducklake-catchup", empty_dump(root))
+    running = start_secured(server_factory, root, "ducklake-catchup")
     lake = Lake(root)
     try:
-        h = Harness(lake, running.uri)
+        h = Harness(lake, running)
         commits = []
         lake.sql(T_DDL)
         for i, part in enumerate(("a", "b"), start=1):
@@ -743,7 +793,7 @@ def test_catch_up_and_resume(server_factory, tmp_path_factory):
         commits.append(lake.snapshot()[0])
 
         # Interrupted: only the first two DuckLake commits reach moraine.
-        with moraine(running.uri) as conn:
+        with moraine(running.uri, running.auth) as conn:
             state = dm.MoraineState.read(conn)
             planned = dm.plan(h.catalog.read(state.file_cursor(), state.snapshot_cursor()), state)
             assert [c.snapshot_id for c in planned] == commits
@@ -777,7 +827,7 @@ def test_catch_up_and_resume(server_factory, tmp_path_factory):
 
 def test_command_line(server_factory, tmp_path_factory):
     root = tmp_path_factory.mktemp("ducklake-cli")
-    running = server_factory("ducklake-cli", empty_dump(root))
+    running = start_secured(server_factory, root, "ducklake-cli")
     lake = Lake(root)
     try:
         lake.sql(T_DDL)
@@ -792,23 +842,38 @@ def test_command_line(server_factory, tmp_path_factory):
     base = [sys.executable, str(INTEGRATION / "ducklake_mirror.py"), "--catalog", str(catalog),
             "--moraine", running.uri]
 
-    def run(*extra: str) -> str:
-        done = subprocess.run(base + list(extra), capture_output=True, text=True, timeout=90,
-                              stdin=subprocess.DEVNULL)
+    login = ["--username", MIRROR_USER]
+
+    def mirror(*extra: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
+        """The command line, with only `env`'s credentials in its environment."""
+        environ = {k: v for k, v in os.environ.items()
+                   if k not in ("MORAINE_PASSWORD", "MORAINE_TOKEN")}
+        return subprocess.run(base + list(extra), capture_output=True, text=True, timeout=90,
+                              stdin=subprocess.DEVNULL, env={**environ, **env})
+
+    def run(*extra: str, env: Dict[str, str]) -> str:
+        done = mirror(*extra, env=env)
         assert done.returncode == 0, f"{extra}: exit {done.returncode}\n{done.stdout}{done.stderr}"
         return done.stdout
 
-    dry = run("--dry-run")
+    # Without credentials the server refuses the mirror; a login needs its password.
+    anonymous = mirror(env={})
+    assert anonymous.returncode == 1 and "Unauthenticated" in anonymous.stderr, anonymous
+    no_password = mirror(*login, env={})
+    assert no_password.returncode == 2 and "MORAINE_PASSWORD" in no_password.stderr, no_password
+
+    dry = run("--dry-run", env={"MORAINE_TOKEN": running.token})
     assert [line.split(":")[0] for line in dry.splitlines()] == [
         f"would stage snapshot {s}" for s in snapshots], dry
-    out = run()
+    out = run(*login, env={"MORAINE_PASSWORD": MIRROR_PASSWORD})
     assert [line.split(":")[0] for line in out.splitlines()] == [
         f"staged snapshot {s}" for s in snapshots], out
-    assert run().strip() == "moraine is up to date"
+    assert run(*login, env={"MORAINE_PASSWORD": MIRROR_PASSWORD}).strip() == \
+        "moraine is up to date"
 
     meta = duckdb.connect(str(catalog), read_only=True)
     try:
-        with moraine(running.uri) as conn:
+        with moraine(running.uri, running.checks) as conn:
             for table in TABLES:
                 cols = ", ".join(column_names(table))
                 assert_same_rows(rows_of(fetch(conn, f"SELECT {cols} FROM {table}")),

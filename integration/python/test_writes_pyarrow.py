@@ -133,12 +133,15 @@ def committed(batches: Sequence[pa.RecordBatch], marker_alone: bool = True) -> L
 
 
 def put(client, path: str, messages: Sequence[Message],
-        schema: Optional[pa.Schema] = None) -> Optional[dict]:
-    """One DoPut stream of `messages` (batch, app_metadata); returns the reply's JSON (None if
-    the server sent no PutResult). The call's error, if any, is raised: from reader.read() or,
-    when a write already failed, from writer.close(), which carries the server's status."""
+        schema: Optional[pa.Schema] = None,
+        options: Optional[flight.FlightCallOptions] = None) -> Optional[dict]:
+    """One DoPut stream of `messages` (batch, app_metadata), with `options` (OPTIONS if None:
+    another caller's headers, say); returns the reply's JSON (None if the server sent no
+    PutResult). The call's error, if any, is raised: from reader.read() or, when a write
+    already failed, from writer.close(), which carries the server's status."""
     schema = schema if schema is not None else stream_schema(path)
-    writer, reader = client.do_put(flight.FlightDescriptor.for_path(path), schema, OPTIONS)
+    options = options if options is not None else OPTIONS
+    writer, reader = client.do_put(flight.FlightDescriptor.for_path(path), schema, options)
     try:
         for batch, meta in messages:
             if batch is None:

@@ -24,39 +24,6 @@ use crate::model::CatalogTable;
 
 type Inner = MoraineSqlService;
 
-/// A request that carries no credentials gets a session of its own: a bearer token, set on
-/// the request (so the handler sees the session) and returned for the response. Clients that
-/// replay an `authorization` header from any response (ADBC does) then stay in that session,
-/// so requests they send without a transaction id (ADBC's ingest) can join its transaction.
-fn open_session<T>(
-    request: &mut Request<T>,
-) -> Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
-    if request.metadata().contains_key("authorization") {
-        return None;
-    }
-    let value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
-        format!("Bearer {}", crate::txn::random_token())
-            .parse()
-            .ok()?;
-    request
-        .metadata_mut()
-        .insert("authorization", value.clone());
-    Some(value)
-}
-
-/// `response` with the session header of [`open_session`], if one was opened.
-fn with_session<T>(
-    response: Result<Response<T>, Status>,
-    session: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
-) -> Result<Response<T>, Status> {
-    response.map(|mut response| {
-        if let Some(value) = session {
-            response.metadata_mut().insert("authorization", value);
-        }
-        response
-    })
-}
-
 /// The Flight service moraine serves.
 #[derive(Clone)]
 pub struct MoraineFlightService {
@@ -154,13 +121,17 @@ fn check_message(bytes: &[u8], carrier: Carrier) -> Result<()> {
     }
 }
 
-fn table_info(ticket: &TicketKind, descriptor: FlightDescriptor) -> Result<FlightInfo> {
+fn table_info(
+    sql: &MoraineSqlService,
+    ticket: &TicketKind,
+    descriptor: FlightDescriptor,
+) -> Result<FlightInfo> {
     let TicketKind::Table { table, .. } = ticket else {
         return Err(Error::InvalidRequest {
             reason: "not a table ticket".into(),
         });
     };
-    MoraineSqlService::ticket_info(ticket, &table_schema(*table), descriptor)
+    sql.ticket_info(ticket, &table_schema(*table), descriptor)
 }
 
 #[tonic::async_trait]
@@ -193,6 +164,7 @@ impl FlightService for MoraineFlightService {
                     table_id: None,
                 };
                 table_info(
+                    &self.sql,
                     &ticket,
                     FlightDescriptor::new_path(vec![table.name().to_owned()]),
                 )
@@ -204,20 +176,16 @@ impl FlightService for MoraineFlightService {
 
     async fn get_flight_info(
         &self,
-        mut request: Request<FlightDescriptor>,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         if request.get_ref().r#type() != DescriptorType::Path {
             check_message(&request.get_ref().cmd, Carrier::Descriptor)
                 .map_err(|err| to_status(&err))?;
-            let session = open_session(&mut request);
-            return with_session(
-                FlightService::get_flight_info(&*self.sql, request).await,
-                session,
-            );
+            return FlightService::get_flight_info(&*self.sql, request).await;
         }
         let descriptor = request.into_inner();
         table_of_path(&descriptor.path)
-            .and_then(|ticket| table_info(&ticket, descriptor))
+            .and_then(|ticket| table_info(&self.sql, &ticket, descriptor))
             .map(Response::new)
             .map_err(|err| to_status(&err))
     }
@@ -265,10 +233,9 @@ impl FlightService for MoraineFlightService {
 
     async fn do_put(
         &self,
-        mut request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        let session = open_session(&mut request);
-        with_session(FlightService::do_put(&*self.sql, request).await, session)
+        FlightService::do_put(&*self.sql, request).await
     }
 
     async fn do_exchange(
@@ -280,11 +247,24 @@ impl FlightService for MoraineFlightService {
 
     async fn do_action(
         &self,
-        mut request: Request<Action>,
+        request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        if super::admin::is_admin_action(&request.get_ref().r#type) {
+            // JSON bodies, not Flight SQL messages.
+            let session = super::session::caller(&request)?;
+            let action = request.get_ref();
+            let body = self
+                .sql
+                .admin_action(&action.r#type, &action.body, &session)
+                .await
+                .map_err(|err| to_status(&err))?;
+            let result = arrow_flight::Result { body: body.into() };
+            return Ok(Response::new(Box::pin(futures::stream::once(async {
+                Ok(result)
+            }))));
+        }
         check_message(&request.get_ref().body, Carrier::Action).map_err(|err| to_status(&err))?;
-        let session = open_session(&mut request);
-        with_session(FlightService::do_action(&*self.sql, request).await, session)
+        FlightService::do_action(&*self.sql, request).await
     }
 
     async fn list_actions(

@@ -4,13 +4,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::query::dml::WriteStatement;
 use crate::txn::TxnId;
 
@@ -32,6 +31,8 @@ pub struct Prepared {
 struct Entry {
     statement: Prepared,
     session: Option<String>,
+    /// Whether only `session` may use it.
+    owned: bool,
     last_used: Instant,
 }
 
@@ -62,26 +63,16 @@ impl Default for PreparedLimits {
 /// The live handles of one server.
 pub struct PreparedStatements {
     entries: Mutex<HashMap<Vec<u8>, Entry>>,
-    next: AtomicU64,
     limits: PreparedLimits,
-    /// Distinguishes this process's handles from another's.
-    nonce: u64,
 }
 
 impl PreparedStatements {
     /// An empty set within `limits`.
     #[must_use]
     pub fn new(limits: PreparedLimits) -> Self {
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| {
-                u64::try_from(d.as_nanos() & u128::from(u64::MAX)).unwrap_or(0)
-            });
         Self {
             entries: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
             limits,
-            nonce,
         }
     }
 
@@ -91,28 +82,30 @@ impl PreparedStatements {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Stores `statement`, prepared by `session`, and returns its new handle.
+    /// Stores `statement`, prepared by `session`, and returns its new handle: 128 random
+    /// bits, usable only by that session when `owned` (else by anyone holding it).
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] when the server or the session holds as many handles, or as
-    /// much SQL text, as it may.
-    pub fn insert(&self, statement: Prepared, session: Option<&str>) -> Result<Vec<u8>> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let handle = format!("ps-{:x}-{id}", self.nonce).into_bytes();
+    /// much SQL text, as it may; [`Error::Internal`] without OS randomness.
+    pub fn insert(
+        &self,
+        statement: Prepared,
+        session: Option<&str>,
+        owned: bool,
+    ) -> Result<Vec<u8>> {
+        let handle = crate::auth::random_hex::<16>("ps-")?.into_bytes();
         let now = Instant::now();
         let mut entries = self.lock();
         entries.retain(|_, e| now.duration_since(e.last_used) < self.limits.ttl);
-        let limit = |what: String| {
+        let limit = |limit: Limit, max: usize| {
             Err(Error::LimitExceeded {
-                what: format!("{what}; close prepared statements you no longer use"),
+                limit,
+                max: u64::try_from(max).unwrap_or(u64::MAX),
             })
         };
         if entries.len() >= self.limits.max_total {
-            return limit(format!(
-                "{} prepared statements are open, the server's limit (serve \
-                 --max-prepared-statements)",
-                entries.len()
-            ));
+            return limit(Limit::PreparedStatements, self.limits.max_total);
         }
         if let Some(session) = session {
             let of_session = entries
@@ -120,39 +113,38 @@ impl PreparedStatements {
                 .filter(|e| e.session.as_deref() == Some(session))
                 .count();
             if of_session >= self.limits.max_per_session {
-                return limit(format!(
-                    "this session has {of_session} prepared statements open, its limit (serve \
-                     --max-session-prepared-statements)"
-                ));
+                return limit(
+                    Limit::SessionPreparedStatements,
+                    self.limits.max_per_session,
+                );
             }
         }
         let text: usize = entries.values().map(|e| e.statement.sql.len()).sum();
         if text + statement.sql.len() > self.limits.max_text_bytes {
-            return limit(format!(
-                "the open prepared statements hold {text} bytes of SQL, and this one would take \
-                 them over the server's limit of {} bytes",
-                self.limits.max_text_bytes
-            ));
+            return limit(Limit::PreparedSqlBytes, self.limits.max_text_bytes);
         }
         entries.insert(
             handle.clone(),
             Entry {
                 statement,
                 session: session.map(str::to_owned),
+                owned,
                 last_used: now,
             },
         );
         Ok(handle)
     }
 
-    /// The statement of `handle`, marking it used.
+    /// The statement of `handle`, marking it used, for a call from `session`.
     ///
     /// # Errors
-    /// [`Error::NotFound`] for an unknown, closed or expired handle.
-    pub fn get(&self, handle: &[u8]) -> Result<Prepared> {
+    /// [`Error::NotFound`] for an unknown, closed or expired handle, or one of another
+    /// session.
+    pub fn get(&self, handle: &[u8], session: Option<&str>) -> Result<Prepared> {
         let now = Instant::now();
         let mut entries = self.lock();
         match entries.get_mut(handle) {
+            Some(entry) if !entry.usable_by(session) => Err(not_found(handle, "unknown or closed")),
             Some(entry) if now.duration_since(entry.last_used) < self.limits.ttl => {
                 entry.last_used = now;
                 Ok(entry.statement.clone())
@@ -165,23 +157,45 @@ impl PreparedStatements {
         }
     }
 
-    /// Binds `values` to `handle`.
+    /// Binds `values` to `handle`, for a call from `session`.
     ///
     /// # Errors
-    /// [`Error::NotFound`] for an unknown handle.
-    pub fn bind(&self, handle: &[u8], values: Vec<ScalarValue>) -> Result<()> {
+    /// [`Error::NotFound`] for an unknown handle, or one of another session.
+    pub fn bind(
+        &self,
+        handle: &[u8],
+        session: Option<&str>,
+        values: Vec<ScalarValue>,
+    ) -> Result<()> {
         let mut entries = self.lock();
         let entry = entries
             .get_mut(handle)
+            .filter(|entry| entry.usable_by(session))
             .ok_or_else(|| not_found(handle, "unknown or closed"))?;
         entry.statement.bound = values;
         entry.last_used = Instant::now();
         Ok(())
     }
 
-    /// Forgets `handle`. Closing an unknown handle is not an error.
-    pub fn close(&self, handle: &[u8]) {
-        self.lock().remove(handle);
+    /// Forgets `handle`, for a call from `session`. Closing an unknown handle is not an error.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a handle of another session, which stays open.
+    pub fn close(&self, handle: &[u8], session: Option<&str>) -> Result<()> {
+        let mut entries = self.lock();
+        match entries.get(handle) {
+            Some(entry) if !entry.usable_by(session) => Err(not_found(handle, "unknown or closed")),
+            _ => {
+                entries.remove(handle);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn usable_by(&self, session: Option<&str>) -> bool {
+        !self.owned || self.session.as_deref() == session
     }
 }
 

@@ -72,6 +72,8 @@ fn code_of(err: &Error) -> Code {
         Error::InvalidRequest { .. } | Error::Config { .. } => Code::InvalidArgument,
         Error::Internal { .. } => Code::Internal,
         Error::Timeout { .. } => Code::DeadlineExceeded,
+        Error::Unauthenticated { .. } => Code::Unauthenticated,
+        Error::PermissionDenied { .. } => Code::PermissionDenied,
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! A ticket carries everything needed to produce its stream (the SQL and its bound
 //! parameters, or the table to stream), so it works on any connection, any server node, and
-//! concurrently. Layout: `b"mrn"`, a version byte, then a protobuf body.
+//! concurrently. Layout: `b"mrn"`, a version byte, a protobuf body, then an HMAC-SHA-256 of
+//! everything before it under the server's [`TicketKey`]: a ticket a client made or altered
+//! is refused before anything in it is read.
 //!
 //! Tickets travel inside Flight SQL's `TicketStatementQuery.statement_handle`.
 
@@ -20,7 +22,43 @@ use crate::error::{Error, Result};
 use crate::model::CatalogTable;
 
 const MAGIC: &[u8] = b"mrn";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+const MAC_LEN: usize = 32;
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The key tickets are signed with: random per process unless configured (servers that
+/// share one, behind a load balancer, must share the key).
+#[derive(Clone)]
+pub struct TicketKey([u8; 32]);
+
+impl std::fmt::Debug for TicketKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TicketKey(…)")
+    }
+}
+
+impl TicketKey {
+    /// A key from the operating system's generator.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the generator is unavailable.
+    pub fn random() -> Result<Self> {
+        crate::auth::random_bytes::<32>().map(Self)
+    }
+
+    /// The key derived from a configured secret.
+    #[must_use]
+    pub fn from_secret(secret: &str) -> Self {
+        Self(crate::auth::token_digest(secret))
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        use hmac::Mac as _;
+        // HMAC takes keys of any length.
+        HmacSha256::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!("any key length"))
+    }
+}
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct TicketBody {
@@ -75,7 +113,7 @@ impl TicketKind {
     ///
     /// # Errors
     /// [`Error::InvalidRequest`] when a parameter cannot be encoded.
-    pub fn encode(&self) -> Result<Vec<u8>> {
+    pub fn encode(&self, key: &TicketKey) -> Result<Vec<u8>> {
         let body = match self {
             TicketKind::Statement { sql, params, txn } => TicketBody {
                 sql: Some(sql.clone()),
@@ -97,15 +135,29 @@ impl TicketKind {
         out.push(VERSION);
         body.encode(&mut out)
             .map_err(|err| invalid(format!("ticket does not encode: {err}")))?;
+        let mut mac = key.mac();
+        hmac::Mac::update(&mut mac, &out);
+        out.extend_from_slice(&hmac::Mac::finalize(mac).into_bytes());
         Ok(out)
     }
 
-    /// Parses a ticket.
+    /// Parses a ticket signed with `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] for bytes that are not a ticket of this server.
-    pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let rest = bytes
+    /// [`Error::InvalidRequest`] for bytes that are not a ticket this server issued.
+    pub fn decode(bytes: &[u8], key: &TicketKey) -> Result<Self> {
+        let (signed, tag) = bytes
+            .split_at_checked(bytes.len().saturating_sub(MAC_LEN))
+            .filter(|(signed, _)| signed.len() > MAGIC.len())
+            .ok_or_else(|| invalid("not a moraine ticket".into()))?;
+        let mut mac = key.mac();
+        hmac::Mac::update(&mut mac, signed);
+        if hmac::Mac::verify_slice(mac, tag).is_err() {
+            return Err(invalid(
+                "the ticket is not one this server issued (its signature does not match)".into(),
+            ));
+        }
+        let rest = signed
             .strip_prefix(MAGIC)
             .ok_or_else(|| invalid("not a moraine ticket".into()))?;
         let (&version, body) = rest
@@ -227,27 +279,46 @@ mod tests {
                 table_id: Some(-3),
             },
         ];
+        let key = TicketKey::random().expect("key");
         for ticket in cases {
-            let bytes = ticket.encode().expect("encodes");
-            assert_eq!(TicketKind::decode(&bytes).expect("decodes"), ticket);
+            let bytes = ticket.encode(&key).expect("encodes");
+            assert_eq!(TicketKind::decode(&bytes, &key).expect("decodes"), ticket);
         }
     }
 
     #[test]
-    fn foreign_or_future_tickets_are_refused() {
+    fn foreign_forged_or_altered_tickets_are_refused() {
+        let key = TicketKey::random().expect("key");
         assert!(matches!(
-            TicketKind::decode(b"hello"),
+            TicketKind::decode(b"hello", &key),
             Err(Error::InvalidRequest { .. })
         ));
-        let mut bytes = TicketKind::Table {
-            table: CatalogTable::NameMapping,
-            table_id: None,
+        let ticket = TicketKind::Statement {
+            sql: "SELECT 1".into(),
+            params: vec![],
+            txn: Some("0f".repeat(16)),
+        };
+        let bytes = ticket.encode(&key).expect("encodes");
+        let other = TicketKey::random().expect("key");
+        let err = TicketKind::decode(&bytes, &other).expect_err("another server's key");
+        assert!(
+            err.to_string().contains("not one this server issued"),
+            "{err}"
+        );
+        for at in [3, 5, bytes.len() - 1] {
+            let mut altered = bytes.clone();
+            altered[at] ^= 1;
+            assert!(
+                TicketKind::decode(&altered, &key).is_err(),
+                "byte {at} altered"
+            );
         }
-        .encode()
-        .expect("encodes");
-        bytes[3] = 9;
-        let err = TicketKind::decode(&bytes).expect_err("future version");
-        assert!(err.to_string().contains("version 9"), "{err}");
-        assert!(TicketKind::decode(b"mrn\x01\xff\xff").is_err());
+        assert!(TicketKind::decode(&bytes, &TicketKey::from_secret("s")).is_err());
+        let shared = TicketKey::from_secret("shared secret");
+        let bytes = ticket.encode(&shared).expect("encodes");
+        assert_eq!(
+            TicketKind::decode(&bytes, &TicketKey::from_secret("shared secret")).expect("decodes"),
+            ticket
+        );
     }
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use super::scan::CatalogScanExec;
 use super::{QueryEngine, from_datafusion, rewrite};
 use crate::catalog::CatalogSnapshot;
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::model::{CatalogTable, DataFileId, MappingId};
 use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
 use crate::write::{Delete as DeleteOp, EndTarget, Hold, Op, Update};
@@ -400,12 +400,16 @@ impl QueryEngine {
                     bytes += batch.get_array_memory_size() as u64;
                     if rows > self.limits.write_rows || bytes > self.limits.write_bytes {
                         return Err(Error::LimitExceeded {
-                            what: format!(
-                                "INSERT would stage more than {} rows or {} bytes, the limits of \
-                                 a transaction (serve --txn-max-rows, --txn-max-bytes); nothing \
-                                 of it was staged",
-                                self.limits.write_rows, self.limits.write_bytes
-                            ),
+                            limit: if rows > self.limits.write_rows {
+                                Limit::TransactionRows
+                            } else {
+                                Limit::TransactionBytes
+                            },
+                            max: if rows > self.limits.write_rows {
+                                self.limits.write_rows
+                            } else {
+                                self.limits.write_bytes
+                            },
                         });
                     }
                     let batch = renamed(&batch, columns, write.table)?;
