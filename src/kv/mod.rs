@@ -19,7 +19,6 @@ mod overlay;
 mod page;
 #[cfg(feature = "tikv")]
 mod pd;
-#[cfg(feature = "redb")]
 pub mod redb;
 mod staged;
 #[cfg(feature = "tikv")]
