@@ -24,20 +24,14 @@
 //!
 //! # Key layout
 //!
-//! `[deployment prefix] [subspace] [kind] [table_id] [row id]`, ids big-endian with the sign
-//! bit flipped (see [`codec::key`]). Everything of one table in one kind is one contiguous
-//! range, so a table-scoped read or delete is a range operation.
-//!
-//! | kind        | subspace | key                        | value                      |
-//! |-------------|----------|----------------------------|----------------------------|
-//! | `mapping`   | current  | `(table_id, mapping_id)`   | `MappingValue` (+ names)   |
-//! | `data_file` | current  | `(table_id, data_file_id)` | `DataFileValue`            |
-//! | `mapping_by_id`   | index | `(mapping_id, table_id)`   | empty                |
-//! | `data_file_by_id` | index | `(data_file_id, table_id)` | empty                |
-//!
-//! The index subspace finds a row by its id alone (DuckLake's `mapping_id >= cursor`, its
-//! `data_file_id IN (…)`) with one range read, and keeps ids unique across tables. Each row
-//! and its index entry are written in the same commit.
+//! `[deployment prefix] [subspace] [kind] [ids]`, ids big-endian with the sign bit flipped.
+//! Rows (the current subspace) are keyed `table_id` first, so everything of one table in one
+//! kind is one contiguous range and a table-scoped read or delete is a range operation. The
+//! index subspace finds a row by its id alone (DuckLake's `mapping_id >= cursor`, its
+//! `data_file_id IN (…)`) with one range read and keeps `data_file_id` unique across tables;
+//! the guard subspace holds one key per table that whole-table writes move on and inserts
+//! check. Each row and its index entry are written in the same commit. The kinds, their
+//! components and values are tabled once, in [`codec::key`].
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
 

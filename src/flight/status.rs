@@ -25,7 +25,7 @@ pub fn to_status(err: &Error) -> Status {
     let message = if code == Code::Internal {
         "internal error; see the server log".to_owned()
     } else {
-        truncate(&err.to_string(), MAX_MESSAGE)
+        crate::error::shortened(&err.to_string(), MAX_MESSAGE).into_owned()
     };
     Status::new(code, message)
 }
@@ -77,31 +77,17 @@ fn code_of(err: &Error) -> Code {
     }
 }
 
-/// `text` cut to at most `max` bytes, at a character boundary.
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let cut = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .take_while(|i| *i <= max.saturating_sub(3))
-        .last()
-        .unwrap_or(0);
-    format!("{}...", text.get(..cut).unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn truncation_respects_character_boundaries() {
-        let text = "é".repeat(3000);
-        let cut = truncate(&text, MAX_MESSAGE);
-        assert!(cut.len() <= MAX_MESSAGE);
-        assert!(cut.ends_with("..."));
-        assert_eq!(truncate("short", 10), "short");
+    fn long_messages_are_cut_to_the_bound() {
+        let status = to_status(&Error::InvalidRequest {
+            reason: "é".repeat(3000),
+        });
+        assert!(status.message().len() <= MAX_MESSAGE);
+        assert!(status.message().ends_with('…'), "{}", status.message());
     }
 
     #[test]

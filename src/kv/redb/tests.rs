@@ -1,0 +1,192 @@
+use super::*;
+use crate::kv::{Conflict, WriteSet};
+
+fn staged(build: impl FnOnce(&mut WriteSet)) -> Arc<StagedWrites> {
+    let mut writes = WriteSet::new();
+    build(&mut writes);
+    Arc::new(writes.into_staged().expect("staged"))
+}
+
+fn contents(db: &Database) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let txn = db.begin_read().expect("read");
+    let table = txn.open_table(DATA).expect("table");
+    table
+        .iter()
+        .expect("iter")
+        .map(|item| {
+            let (key, value) = item.expect("item");
+            (key.value().to_vec(), value.value().to_vec())
+        })
+        .collect()
+}
+
+fn pairs(items: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    items
+        .iter()
+        .map(|(key, value)| (key.as_bytes().to_vec(), value.as_bytes().to_vec()))
+        .collect()
+}
+
+/// A group's commits are checked one after another against what the ones before them
+/// left, so a group ends as if they had been committed in turn.
+#[test]
+fn a_group_ends_as_its_commits_would_one_after_another() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = Arc::new(Database::create(dir.path().join(FILE_NAME)).expect("db"));
+    let (log, _, _) = recover(&db, dir.path()).expect("tables and log");
+    let mut writer = Writer {
+        db: Arc::clone(&db),
+        log,
+        seq: 0,
+        dirty_since: None,
+        checkpoint_every: Duration::from_hours(1),
+        failed: Arc::new(AtomicBool::new(false)),
+        unapplied: Unapplied::default(),
+    };
+    let requests = [
+        staged(|w| {
+            w.insert(&b"k"[..], &b"first"[..]).put(&b"a"[..], &b"1"[..]);
+        }),
+        // The first commit's insert is seen: this one conflicts and writes nothing.
+        staged(|w| {
+            w.insert(&b"k"[..], &b"second"[..])
+                .put(&b"b"[..], &b"2"[..]);
+        }),
+        // Requires what the first commit wrote, and deletes it.
+        staged(|w| {
+            w.require_present(&b"a"[..])
+                .delete(&b"a"[..])
+                .put(&b"c"[..], &b"3"[..]);
+        }),
+        // Requires what the third deleted.
+        staged(|w| {
+            w.require_present(&b"a"[..]).put(&b"d"[..], &b"4"[..]);
+        }),
+    ];
+    let mut answers = Vec::new();
+    let group = requests
+        .into_iter()
+        .map(|writes| {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            answers.push(answer);
+            Request { writes, reply }
+        })
+        .collect();
+    writer.commit_group(group);
+    let outcomes: Vec<_> = answers
+        .into_iter()
+        .map(|mut answer| answer.try_recv().expect("answered").expect("no error"))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            CommitOutcome::Committed,
+            CommitOutcome::Conflict(Conflict::AlreadyExists { key: b"k".to_vec() }),
+            CommitOutcome::Committed,
+            CommitOutcome::Conflict(Conflict::Missing { key: b"a".to_vec() }),
+        ]
+    );
+    assert_eq!(contents(&db), pairs(&[("c", "3"), ("k", "first")]));
+    // The group is in the log as one record, holding only the accepted commits' writes.
+    drop(writer);
+    let (_, records) = log::tests::read(dir.path());
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].0, 1);
+    assert_eq!(
+        records[0].1,
+        vec![
+            (b"a".to_vec(), Some(b"1".to_vec())),
+            (b"k".to_vec(), Some(b"first".to_vec())),
+            (b"a".to_vec(), None),
+            (b"c".to_vec(), Some(b"3".to_vec())),
+        ]
+    );
+}
+
+/// A group is acknowledged before its writes reach the file; a snapshot taken meanwhile
+/// reads the file through them, in commit order.
+#[tokio::test]
+async fn a_snapshot_sees_acknowledged_writes_not_yet_in_the_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let backend = RedbBackend::open(dir.path()).await.expect("open");
+    // The file holds a=1, b=2 (written directly: the writer thread stays idle).
+    let txn = backend.db.begin_write().expect("write");
+    {
+        let mut table = txn.open_table(DATA).expect("table");
+        table.insert(&b"a"[..], &b"1"[..]).expect("insert");
+        table.insert(&b"b"[..], &b"2"[..]).expect("insert");
+    }
+    txn.commit().expect("commit");
+    // Two commits of a group acknowledged, their apply still to come.
+    lock(&backend.committer.unapplied).extend([
+        staged(|w| {
+            w.put(&b"a"[..], &b"3"[..]).delete(&b"b"[..]);
+        }),
+        staged(|w| {
+            w.put(&b"a"[..], &b"5"[..]).put(&b"c"[..], &b"4"[..]);
+        }),
+    ]);
+    let snapshot = backend.snapshot().await.expect("snapshot");
+    assert_eq!(snapshot.get(b"a").await.expect("get"), Some(b"5".to_vec()));
+    assert_eq!(snapshot.get(b"b").await.expect("get"), None);
+    let page = snapshot
+        .scan_page(&KeyRange::new(vec![], vec![0xff]), PageSize::default())
+        .await
+        .expect("scan");
+    let seen: Vec<_> = page.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+    assert_eq!(seen, pairs(&[("a", "5"), ("c", "4")]));
+    assert_eq!(contents(&backend.db), pairs(&[("a", "1"), ("b", "2")]));
+}
+
+/// What the log holds beyond the file's durable state is applied on open; records the
+/// file already holds are not applied twice.
+#[tokio::test]
+async fn opening_replays_the_log_past_the_last_checkpoint() {
+    let dir = tempfile::tempdir().expect("dir");
+    {
+        let backend = RedbBackend::open(dir.path()).await.expect("open");
+        let writes = staged(|w| {
+            w.put(&b"kept"[..], &b"1"[..]);
+        });
+        assert_eq!(
+            backend.commit(writes).await.expect("commit"),
+            CommitOutcome::Committed
+        );
+        // Dropping the backend checkpoints: the file holds group 1, the log is empty.
+    }
+    {
+        let (mut log, records) = log::tests::read(dir.path());
+        assert!(records.is_empty(), "a clean stop leaves an empty log");
+        // What a crash leaves: group 1 again (its log not yet emptied), and group 2,
+        // acknowledged but not checkpointed.
+        let stale = staged(|w| {
+            w.put(&b"kept"[..], &b"stale"[..])
+                .put(&b"gone"[..], &b"x"[..]);
+        });
+        log.append(1, &std::iter::once(stale.as_ref()))
+            .expect("append");
+        let fresh = staged(|w| {
+            w.put(&b"new"[..], &b"2"[..]).delete(&b"kept"[..]);
+        });
+        log.append(2, &std::iter::once(fresh.as_ref()))
+            .expect("append");
+    }
+    let backend = RedbBackend::open(dir.path()).await.expect("reopen");
+    assert_eq!(contents(&backend.db), pairs(&[("new", "2")]));
+    // The replay was made durable and the log emptied; the next group follows on.
+    let logged = std::fs::metadata(dir.path().join(LOG_NAME)).expect("log");
+    assert_eq!(logged.len(), 0);
+    let writes = staged(|w| {
+        w.put(&b"later"[..], &b"3"[..]);
+    });
+    assert_eq!(
+        backend.commit(writes).await.expect("commit"),
+        CommitOutcome::Committed
+    );
+    drop(backend);
+    let backend = RedbBackend::open(dir.path()).await.expect("reopen");
+    assert_eq!(
+        contents(&backend.db),
+        pairs(&[("later", "3"), ("new", "2")])
+    );
+}

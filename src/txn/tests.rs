@@ -1,0 +1,225 @@
+use super::*;
+use crate::codec::{KeyPrefix, Keyspace};
+use crate::kv::Store;
+use crate::model::{ColumnMappingRow, NameMappingRow};
+use crate::write::Insert;
+
+fn transactions(config: TxnConfig) -> Transactions {
+    Transactions::new(
+        Catalog::new(Store::memory(), Keyspace::new(KeyPrefix::none())),
+        config,
+    )
+}
+
+fn mapping(id: i64) -> Vec<Op> {
+    vec![
+        Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
+            mapping_id: Some(id),
+            table_id: Some(1),
+            map_type: Some("map_by_name".into()),
+        }])),
+        Op::Insert(Insert::name_mappings(&[NameMappingRow {
+            mapping_id: Some(id),
+            column_id: Some(0),
+            source_name: Some("id".into()),
+            target_field_id: Some(1),
+            parent_column: None,
+            is_partition: Some(false),
+        }])),
+    ]
+}
+
+/// A store that takes every commit and never says whether it applied it.
+#[derive(Debug, Default)]
+struct Unanswered(crate::kv::memory::MemoryBackend);
+
+#[async_trait::async_trait]
+impl crate::kv::KvBackend for Unanswered {
+    fn name(&self) -> &'static str {
+        "unanswered"
+    }
+
+    async fn snapshot(
+        &self,
+    ) -> std::result::Result<Arc<dyn crate::kv::KvSnapshot>, crate::kv::KvError> {
+        self.0.snapshot().await
+    }
+
+    async fn commit(
+        &self,
+        _: Arc<crate::kv::StagedWrites>,
+    ) -> std::result::Result<crate::kv::CommitOutcome, crate::kv::KvError> {
+        Ok(crate::kv::CommitOutcome::Unknown {
+            reason: "the store did not answer".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_told_by_every_later_call() {
+    let store = Store::new(
+        Arc::new(Unanswered::default()),
+        crate::kv::StoreLimits::embedded(),
+    );
+    let txns = Transactions::new(
+        Catalog::new(store, Keyspace::new(KeyPrefix::none())),
+        TxnConfig::default(),
+    );
+    let id = txns.begin(Some("s"), true).expect("begin");
+    txns.stage(&id, mapping(1)).await.expect("staged");
+    let unknown = |err: &Error| {
+        let status = crate::flight::status::to_status(err);
+        status.code() == tonic::Code::Unavailable && status.message().contains("outcome unknown")
+    };
+    let err = txns.commit(&id).await.expect_err("outcome unknown");
+    assert!(unknown(&err), "{err}");
+    // Not "nothing was written", and not a rollback that pretends to have discarded it.
+    let err = txns.rollback(&id).expect_err("cannot roll back");
+    assert!(
+        unknown(&err) && err.to_string().contains(&id.to_string()),
+        "{err}"
+    );
+    let err = txns.stage(&id, mapping(2)).await.expect_err("ended");
+    assert!(unknown(&err), "{err}");
+    let err = txns.commit(&id).await.expect_err("ended");
+    assert!(unknown(&err), "{err}");
+}
+
+#[tokio::test]
+async fn an_idle_transaction_pins_nothing_and_expires() {
+    let txns = transactions(TxnConfig {
+        idle_timeout: Duration::from_millis(30),
+        ..TxnConfig::default()
+    });
+    let id = txns.begin(Some("s"), true).expect("begin");
+    assert_eq!(txns.of_session("s"), Some(id.clone()));
+    std::thread::sleep(Duration::from_millis(60));
+    let err = txns
+        .stage(&id, vec![mapping(1).remove(0)])
+        .await
+        .expect_err("expired");
+    assert!(
+        matches!(&err, Error::TransactionNotOpen { state, .. } if state.contains("expired")),
+        "{err}"
+    );
+    assert_eq!(txns.of_session("s"), None);
+}
+
+#[tokio::test]
+async fn the_reaper_ends_abandoned_transactions_without_any_lookup() {
+    let txns = transactions(TxnConfig {
+        idle_timeout: Duration::from_millis(30),
+        ..TxnConfig::default()
+    });
+    txns.spawn_reaper();
+    let abandoned = txns.begin(Some("gone"), true).expect("begin");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let registry = txns.registry();
+    assert!(registry.open.is_empty(), "still open after the timeout");
+    assert!(registry.sessions.is_empty(), "the session still names it");
+    assert_eq!(
+        registry.ended.get(&abandoned).map(|e| e.how),
+        Some(Ending::Expired)
+    );
+}
+
+#[tokio::test]
+async fn a_pending_violation_waits_for_the_commit_and_a_final_one_is_refused_at_once() {
+    let txns = transactions(TxnConfig::default());
+    let id = txns.begin(None, true).expect("begin");
+    let mut ops = mapping(4);
+    // The mapping before its name rows: pending, accepted.
+    assert_eq!(
+        txns.stage(&id, vec![ops.remove(0)]).await.expect("staged"),
+        1
+    );
+    // The same mapping again: final, refused, and the transaction is unchanged.
+    let err = txns
+        .stage(&id, vec![mapping(4).remove(0)])
+        .await
+        .expect_err("duplicate");
+    assert!(err.to_string().contains("mapping 4"), "{err}");
+    assert_eq!(
+        txns.stage(&id, vec![ops.remove(0)]).await.expect("staged"),
+        1
+    );
+    let report = txns.commit(&id).await.expect("committed");
+    assert_eq!(report.summary.mappings_created, 1);
+    // Rolling back after the commit is a late call.
+    assert!(matches!(
+        txns.rollback(&id),
+        Err(Error::TransactionNotOpen { .. })
+    ));
+}
+
+/// A rollback while a request stages into the transaction (holding it) or waits for it
+/// ends the transaction for that request too: it is refused, not reported as staged,
+/// and nothing of it can be committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_during_a_request_refuses_it() {
+    let txns = Arc::new(transactions(TxnConfig::default()));
+    let id = txns.begin(None, true).expect("begin");
+    let (signal, started) = tokio::sync::oneshot::channel::<()>();
+    let (feed, requests) = tokio::sync::mpsc::channel::<Result<Vec<Op>>>(1);
+    // Signals its first poll, which happens with the transaction held, then yields what
+    // is fed.
+    let ops = futures::stream::unfold(
+        (Some(signal), requests),
+        |(signal, mut requests)| async move {
+            if let Some(signal) = signal {
+                let _ = signal.send(());
+            }
+            let next = requests.recv().await?;
+            Some((next, (None, requests)))
+        },
+    );
+    let staging = tokio::spawn({
+        let txns = Arc::clone(&txns);
+        let id = id.clone();
+        async move { txns.stage_stream(&id, ops).await }
+    });
+    started.await.expect("the request holds the transaction");
+    // Another request comes while the first holds the transaction.
+    let waiting = tokio::spawn({
+        let txns = Arc::clone(&txns);
+        let id = id.clone();
+        async move { txns.stage(&id, mapping(5)).await }
+    });
+    txns.rollback(&id).expect("rolled back");
+    feed.send(Ok(mapping(4))).await.expect("fed");
+    drop(feed);
+    for request in [staging, waiting] {
+        let err = request
+            .await
+            .expect("joined")
+            .expect_err("refused after the rollback");
+        assert!(
+            matches!(&err, Error::TransactionNotOpen { state, .. } if state.contains("rolled back")),
+            "{err}"
+        );
+    }
+    assert!(matches!(
+        txns.commit(&id).await,
+        Err(Error::TransactionNotOpen { .. })
+    ));
+}
+
+#[tokio::test]
+async fn staging_limits_refuse_the_request_and_keep_the_transaction() {
+    let txns = transactions(TxnConfig {
+        max_rows: 1,
+        ..TxnConfig::default()
+    });
+    let id = txns.begin(None, true).expect("begin");
+    let mut ops = mapping(4);
+    txns.stage(&id, vec![ops.remove(0)])
+        .await
+        .expect("first row fits");
+    let err = txns
+        .stage(&id, vec![ops.remove(0)])
+        .await
+        .expect_err("over");
+    assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
+    txns.rollback(&id).expect("rolled back");
+    txns.rollback(&id).expect("a second rollback is harmless");
+}
