@@ -622,8 +622,6 @@ async fn a_large_table_streams_in_many_batches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_do_get_stops_the_scan() {
-    use std::sync::atomic::Ordering;
-
     use moraine::model::{ColumnMappingRow, NameMappingRow};
     use moraine::write::{Insert, Op, StagedBatch};
     let store = Backend::Redb.open().await;
@@ -652,7 +650,7 @@ async fn dropping_a_do_get_stops_the_scan() {
             .collect::<Vec<_>>(),
     )));
     commit_batch(&catalog, &batch).await.expect("load");
-    let pages_read = Arc::clone(&store.pages_read);
+    let reads = Arc::clone(&store.reads);
     let fixture = Fixture::serve(store, catalog, CatalogRows::default()).await;
     let mut client = fixture.client().await;
     let info = client
@@ -661,7 +659,7 @@ async fn dropping_a_do_get_stops_the_scan() {
         .expect("execute");
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");
 
-    let before = pages_read.load(Ordering::SeqCst);
+    let before = reads.pages();
     let mut stream = client.do_get(ticket).await.expect("do_get");
     let first = stream
         .try_next()
@@ -669,14 +667,17 @@ async fn dropping_a_do_get_stops_the_scan() {
         .expect("first batch")
         .expect("a batch");
     assert!(first.num_rows() > 0);
+    assert!(reads.live_snapshots() > 0, "the scan holds its snapshot");
     drop(stream);
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let after_drop = pages_read.load(Ordering::SeqCst);
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let later = pages_read.load(Ordering::SeqCst);
+    // Once the server has let go of the scan's snapshot, no page can be read any more.
+    reads
+        .until("the server drops the scan's snapshot", |reads| {
+            reads.live_snapshots() == 0
+        })
+        .await;
+    let after_drop = reads.pages();
     let whole_scan =
         usize::try_from(mappings).expect("small") / moraine::kv::PageSize::default().rows;
-    assert_eq!(after_drop, later, "no page is read once the stream is gone");
     assert!(
         after_drop - before < whole_scan / 2,
         "the scan stopped early: {} of {whole_scan} pages read",

@@ -15,10 +15,11 @@ use arrow_flight::sql::{
 use arrow_flight::{FlightData, FlightDescriptor, PutResult};
 use bytes::Bytes;
 use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::TryStreamExt as _;
 use moraine::catalog::Catalog;
+use moraine::clock::Clock;
 use moraine::model::{ColumnMappingRow, DataFileRow, NameMappingRow};
-use moraine::server::RunningServer;
+use moraine::server::{Limits, RunningServer};
 use moraine::txn::TxnConfig;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -43,12 +44,28 @@ impl Server {
 
     /// A server on an empty store of `backend`.
     async fn empty_on(backend: Backend, config: TxnConfig) -> Self {
+        Self::start(backend, Limits::of_transactions(config)).await
+    }
+
+    /// A server on an empty redb store whose transaction timeouts read `clock`.
+    async fn timed(config: TxnConfig, clock: Clock) -> Self {
+        Self::start(
+            Backend::Redb,
+            Limits {
+                clock,
+                ..Limits::of_transactions(config)
+            },
+        )
+        .await
+    }
+
+    async fn start(backend: Backend, limits: Limits) -> Self {
         let store = backend.open().await;
         let catalog = store.catalog();
-        let server = moraine::server::start_with(
+        let server = moraine::server::start_limited(
             catalog.clone(),
             "127.0.0.1:0".parse().expect("addr"),
-            config,
+            limits,
         )
         .await
         .expect("server starts");
@@ -705,15 +722,29 @@ async fn an_untagged_ingest_joins_its_sessions_transaction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_transaction_expires_and_late_calls_say_so() {
-    let server = Server::empty(TxnConfig {
-        idle_timeout: Duration::from_millis(300),
-        ..TxnConfig::default()
-    })
+    let clock = Clock::manual();
+    let timeout = Duration::from_secs(300);
+    let server = Server::timed(
+        TxnConfig {
+            idle_timeout: timeout,
+            ..TxnConfig::default()
+        },
+        clock.clone(),
+    )
     .await;
     let mut client = server.client().await;
     let txn = client.begin_transaction().await.expect("begin");
     stage(&mut client, &registration(2, 70), Some(&txn)).await;
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Idle means idle: used more often than the timeout, it lives on well past it, each
+    // use starting its idle time over.
+    for _ in 0..3 {
+        clock.advance(timeout - Duration::from_secs(1));
+        client
+            .execute("SELECT 1".into(), Some(txn.clone()))
+            .await
+            .expect("a busy transaction stays open");
+    }
+    clock.advance(timeout);
     let err = client
         .end_transaction(txn.clone(), EndTransaction::Commit)
         .await
@@ -747,8 +778,7 @@ async fn the_hundredth_statement_reads_what_the_first_did() {
         .expect("seed commits");
     let reads = || {
         let store = &server.store;
-        store.keys_read.load(std::sync::atomic::Ordering::SeqCst)
-            + store.pages_read.load(std::sync::atomic::Ordering::SeqCst)
+        store.reads.keys() + store.reads.pages()
     };
     let mut client = server.client().await;
     let txn = client.begin_transaction().await.expect("begin");
@@ -1054,28 +1084,43 @@ async fn a_plain_upload_commits_only_with_its_commit_marker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_cut_off_midway_commits_nothing() {
     let server = Server::empty(TxnConfig::default()).await;
-    let rows = registration(4, 120);
-    let mut client = FlightServiceClient::new(server.channel().await);
-    let data: Vec<FlightData> = arrow_flight::encode::FlightDataEncoderBuilder::new()
-        .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![
-            "ducklake_mapping".into(),
-        ])))
-        .build(futures::stream::iter([Ok(mapping_load_batch(&rows))]))
-        .try_collect()
-        .await
-        .expect("encode");
-    // The client sends its batches, then fails before its commit marker.
+    let cut = registration(4, 120);
+    let messages = upload_messages("ducklake_mapping", vec![mapping_load_batch(&cut)], None).await;
+    // The client sends its batch, then is cut off before its commit marker.
     let (tx, rx) = futures::channel::mpsc::unbounded::<FlightData>();
-    for message in data {
+    for message in messages {
         tx.unbounded_send(message).expect("queued");
     }
+    let before = server.store.reads.keys();
+    let mut client = FlightServiceClient::new(server.channel().await);
     let call =
         tokio::spawn(async move { client.do_put(rx).await.map(tonic::Response::into_inner) });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server has the batch: staging it has looked up the keys it would create.
+    server
+        .store
+        .reads
+        .until("the server looks up the upload's keys", |reads| {
+            reads.keys() > before
+        })
+        .await;
     call.abort();
     drop(tx);
     let _ = call.await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(server.rows().await, CatalogRows::default());
-    let _ = futures::stream::empty::<()>().next().await;
+    // The same upload of another mapping, whole and with its marker, commits; what the store
+    // then holds is that one alone.
+    let whole = registration(4, 130);
+    send_upload(
+        &server,
+        upload_messages(
+            "ducklake_mapping",
+            vec![mapping_load_batch(&whole)],
+            Some(b"commit"),
+        )
+        .await,
+    )
+    .await
+    .expect("the whole upload commits");
+    let stored = server.rows().await;
+    assert_eq!(stored.column_mappings, whole.column_mappings);
+    assert_eq!(stored.name_mappings, whole.clone().sorted().name_mappings);
 }

@@ -11,19 +11,72 @@ use moraine::kv::{
     StoreLimits,
 };
 use tempfile::TempDir;
+use tokio::sync::Notify;
 
 /// A store under test and whatever must outlive it.
 pub struct TestStore {
     pub store: Store,
-    /// Counts the pages every snapshot of this store has read.
-    pub pages_read: Arc<AtomicUsize>,
-    /// Counts the keys every snapshot of this store has read: one per point get, one per
-    /// key of a batch get, one per record of a scanned page.
-    pub keys_read: Arc<AtomicUsize>,
+    /// What this store's snapshots have read, and how many are alive.
+    pub reads: Arc<Reads>,
     pub _dir: Option<TempDir>,
     /// The fake TiKV cluster the store runs on, kept running while the store lives.
     #[cfg(feature = "tikv")]
     pub _cluster: Option<Arc<crate::fake_tikv::FakeCluster>>,
+}
+
+/// What a store's snapshots have read, and how many of them are alive, for tests that watch
+/// what a server does with the store.
+#[derive(Default)]
+pub struct Reads {
+    /// Pages scanned.
+    pub pages: AtomicUsize,
+    /// Keys read: one per point get, one per key of a batch get, one per record of a scanned
+    /// page.
+    pub keys: AtomicUsize,
+    /// Snapshots taken and not yet dropped.
+    live: AtomicUsize,
+    /// Notified after every change of the counts above.
+    changed: Notify,
+}
+
+impl Reads {
+    /// Pages scanned so far.
+    pub fn pages(&self) -> usize {
+        self.pages.load(Ordering::SeqCst)
+    }
+
+    /// Keys read so far.
+    pub fn keys(&self) -> usize {
+        self.keys.load(Ordering::SeqCst)
+    }
+
+    /// Snapshots alive now.
+    pub fn live_snapshots(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    fn count(&self, counter: &AtomicUsize, n: usize) {
+        counter.fetch_add(n, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until `done` holds of the counts: for a test to know that a server got as far
+    /// as a read, or let go of its snapshots. Fails the test, naming `what`, after 30 s.
+    pub async fn until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the counts are looked at, so no change in between is missed.
+            changed.as_mut().enable();
+            if done(self) {
+                return;
+            }
+            tokio::time::timeout_at(deadline, changed)
+                .await
+                .unwrap_or_else(|_| panic!("not within 30 s: {what}"));
+        }
+    }
 }
 
 /// Which backend a test runs on.
@@ -60,17 +113,14 @@ impl Backend {
                 (Arc::new(backend), Some(dir))
             }
         };
-        let pages_read = Arc::new(AtomicUsize::new(0));
-        let keys_read = Arc::new(AtomicUsize::new(0));
+        let reads = Arc::new(Reads::default());
         let counting = Counting {
             inner: backend,
-            pages: Arc::clone(&pages_read),
-            keys: Arc::clone(&keys_read),
+            reads: Arc::clone(&reads),
         };
         TestStore {
             store: Store::new(Arc::new(counting), limits),
-            pages_read,
-            keys_read,
+            reads,
             _dir: dir,
             #[cfg(feature = "tikv")]
             _cluster: cluster,
@@ -82,8 +132,7 @@ impl Backend {
 /// stops with its consumer, and keys, to see what a statement costs.
 struct Counting {
     inner: Arc<dyn KvBackend>,
-    pages: Arc<AtomicUsize>,
-    keys: Arc<AtomicUsize>,
+    reads: Arc<Reads>,
 }
 
 #[async_trait]
@@ -93,10 +142,11 @@ impl KvBackend for Counting {
     }
 
     async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
+        let inner = self.inner.snapshot().await?;
+        self.reads.count(&self.reads.live, 1);
         Ok(Arc::new(CountingSnapshot {
-            inner: self.inner.snapshot().await?,
-            pages: Arc::clone(&self.pages),
-            keys: Arc::clone(&self.keys),
+            inner,
+            reads: Arc::clone(&self.reads),
         }))
     }
 
@@ -107,26 +157,32 @@ impl KvBackend for Counting {
 
 struct CountingSnapshot {
     inner: Arc<dyn KvSnapshot>,
-    pages: Arc<AtomicUsize>,
-    keys: Arc<AtomicUsize>,
+    reads: Arc<Reads>,
+}
+
+impl Drop for CountingSnapshot {
+    fn drop(&mut self) {
+        self.reads.live.fetch_sub(1, Ordering::SeqCst);
+        self.reads.changed.notify_waiters();
+    }
 }
 
 #[async_trait]
 impl KvSnapshot for CountingSnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        self.keys.fetch_add(1, Ordering::SeqCst);
+        self.reads.count(&self.reads.keys, 1);
         self.inner.get(key).await
     }
 
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        self.keys.fetch_add(keys.len(), Ordering::SeqCst);
+        self.reads.count(&self.reads.keys, keys.len());
         self.inner.batch_get(keys).await
     }
 
     async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
-        self.pages.fetch_add(1, Ordering::SeqCst);
+        self.reads.count(&self.reads.pages, 1);
         let page = self.inner.scan_page(range, page).await?;
-        self.keys.fetch_add(page.len(), Ordering::SeqCst);
+        self.reads.count(&self.reads.keys, page.len());
         Ok(page)
     }
 }

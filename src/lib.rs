@@ -38,6 +38,7 @@
 pub mod auth;
 pub mod batch;
 pub mod catalog;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod error;

@@ -12,6 +12,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::auth::Authenticator;
 use crate::catalog::Catalog;
+use crate::clock::Clock;
 use crate::codec::{KeyPrefix, Keyspace};
 use crate::config::{ImportConfig, ServeConfig};
 use crate::error::{Error, Result};
@@ -192,8 +193,9 @@ impl Default for Access {
     }
 }
 
-/// What the server lets its clients use: transactions, queries and prepared statements.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What the server lets its clients use: transactions, queries and prepared statements; and
+/// the clock their timeouts read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {
     /// Transactions: how many, how long idle, how much staged.
     pub txn: TxnConfig,
@@ -201,6 +203,8 @@ pub struct Limits {
     pub query: QueryLimits,
     /// Prepared statements: how many, and how much SQL they keep.
     pub prepared: PreparedLimits,
+    /// What transaction timeouts are read on: the system clock, or a manual one in tests.
+    pub clock: Clock,
 }
 
 impl Limits {
@@ -227,6 +231,7 @@ impl Limits {
                 ..QueryLimits::default()
             },
             prepared: PreparedLimits::default(),
+            clock: Clock::system(),
         }
     }
 }
@@ -264,7 +269,11 @@ pub async fn start_secured(
         setting: "listen",
         reason: err.to_string(),
     })?;
-    let txns = Arc::new(Transactions::new(catalog.clone(), txn_config));
+    let txns = Arc::new(Transactions::with_clock(
+        catalog.clone(),
+        txn_config,
+        limits.clock.clone(),
+    ));
     txns.spawn_reaper();
     {
         // A session that ends because its user or token was removed takes its open

@@ -21,8 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::catalog::{Catalog, CatalogSnapshot};
+use crate::clock::Clock;
 use crate::error::{Error, Limit, Result};
 use futures::{Stream, StreamExt as _};
+use tokio::sync::watch;
 
 use crate::write::{CommitReport, Op, Staging, ValidationError};
 
@@ -226,6 +228,9 @@ pub struct Transactions {
     catalog: Catalog,
     config: TxnConfig,
     registry: Arc<Mutex<Registry>>,
+    clock: Clock,
+    /// How many passes the reaper has made.
+    reaped: watch::Sender<u64>,
 }
 
 impl fmt::Debug for Transactions {
@@ -237,13 +242,21 @@ impl fmt::Debug for Transactions {
 }
 
 impl Transactions {
-    /// No transactions yet, over `catalog`.
+    /// No transactions yet, over `catalog`, timed by the system clock.
     #[must_use]
     pub fn new(catalog: Catalog, config: TxnConfig) -> Self {
+        Self::with_clock(catalog, config, Clock::system())
+    }
+
+    /// No transactions yet, over `catalog`, their timeouts read on `clock`.
+    #[must_use]
+    pub fn with_clock(catalog: Catalog, config: TxnConfig, clock: Clock) -> Self {
         Self {
             catalog,
             config,
             registry: Arc::new(Mutex::new(Registry::default())),
+            clock,
+            reaped: watch::Sender::new(0),
         }
     }
 
@@ -269,23 +282,35 @@ impl Transactions {
         let registry: Weak<Mutex<Registry>> = Arc::downgrade(&self.registry);
         let timeout = self.config.idle_timeout;
         let period = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        let clock = self.clock.clone();
+        let reaped = self.reaped.clone();
+        // The passes' times are fixed from now on, so a clock moved right after this call
+        // still wakes the first pass.
+        let mut next = clock.now() + period;
         tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(period);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                ticker.tick().await;
+                clock.sleep_until(next).await;
+                // A late pass is not made up for: the next one is a period on.
+                next = (next + period).max(clock.now());
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
                 let expired = registry
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .expire(timeout, Instant::now());
+                    .expire(timeout, clock.now());
                 if expired > 0 {
                     tracing::info!(expired, "rolled back idle transactions");
                 }
+                reaped.send_modify(|passes| *passes += 1);
             }
         });
+    }
+
+    /// Follows the reaper's passes: the number it has made so far, changing after each.
+    #[must_use]
+    pub fn reaper_passes(&self) -> watch::Receiver<u64> {
+        self.reaped.subscribe()
     }
 
     /// Opens a transaction, bound to `session` if given: that session's untagged requests
@@ -298,7 +323,7 @@ impl Transactions {
     pub fn begin(&self, session: Option<&str>, owned: bool) -> Result<TxnId> {
         let id = TxnId::random()?;
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-        let now = Instant::now();
+        let now = self.clock.now();
         let discarded = Arc::new(AtomicBool::new(false));
         let mut registry = self.registry();
         if registry.open.len() >= self.config.max_open {
@@ -350,7 +375,7 @@ impl Transactions {
     pub fn of_session(&self, session: &str) -> Option<TxnId> {
         let mut registry = self.registry();
         let id = registry.sessions.get(session).cloned()?;
-        registry.expire_one(&id, self.config.idle_timeout, Instant::now());
+        registry.expire_one(&id, self.config.idle_timeout, self.clock.now());
         registry.open.contains_key(&id).then_some(id)
     }
 
@@ -378,13 +403,13 @@ impl Transactions {
     #[must_use]
     pub fn is_open(&self, id: &TxnId) -> bool {
         let mut registry = self.registry();
-        registry.expire_one(id, self.config.idle_timeout, Instant::now());
+        registry.expire_one(id, self.config.idle_timeout, self.clock.now());
         registry.open.contains_key(id)
     }
 
     /// Rolls back the open transaction of `session`, which has gone away.
     pub fn close_session(&self, session: &str) {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut registry = self.registry();
         if let Some(id) = registry.sessions.remove(session)
             && let Some(open) = registry.end(&id, Ending::RolledBack, now)
@@ -395,7 +420,7 @@ impl Transactions {
 
     /// The open transaction `id`, marked used.
     fn open(&self, id: &TxnId) -> Result<Arc<tokio::sync::Mutex<Txn>>> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut registry = self.registry();
         registry.expire_one(id, self.config.idle_timeout, now);
         if let Some(open) = registry.open.get_mut(id) {
@@ -407,7 +432,7 @@ impl Transactions {
 
     fn touch(&self, id: &TxnId) {
         if let Some(open) = self.registry().open.get_mut(id) {
-            open.last_used = Instant::now();
+            open.last_used = self.clock.now();
         }
     }
 
@@ -574,7 +599,7 @@ impl Transactions {
     /// [`Error::CommitUnknown`]. The transaction has ended either way.
     pub async fn commit(&self, id: &TxnId) -> Result<CommitReport> {
         let handle = {
-            let now = Instant::now();
+            let now = self.clock.now();
             let mut registry = self.registry();
             registry.expire_one(id, self.config.idle_timeout, now);
             let ended = registry.ended.get(id).map(|e| e.how);
@@ -612,7 +637,7 @@ impl Transactions {
     /// [`Error::TransactionNotOpen`] for a committed, expired or unknown transaction;
     /// [`Error::CommitUnknown`] for one whose commit's outcome is unknown (it may be stored).
     pub fn rollback(&self, id: &TxnId) -> Result<()> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut registry = self.registry();
         registry.expire_one(id, self.config.idle_timeout, now);
         let ended = registry.ended.get(id).map(|e| e.how);

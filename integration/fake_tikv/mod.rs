@@ -189,6 +189,8 @@ pub enum Fault {
     MoveLeader { key: Vec<u8>, hint: bool },
     /// The receiving store answers Unavailable for this long.
     StoreUnavailable(Duration),
+    /// The receiving store answers Unavailable until [`FakeCluster::bring_stores_up`].
+    StoreDown,
     /// The RPC is applied but its answer is lost (the client sees Unavailable).
     LoseResponse,
 }
@@ -286,6 +288,8 @@ impl State {
 #[derive(Debug)]
 pub struct Shared {
     state: Mutex<State>,
+    /// Notified whenever the GC safe point moves.
+    pub gc_moved: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -310,6 +314,9 @@ impl Shared {
                     state
                         .store_down_until
                         .insert(store, Instant::now() + how_long);
+                }
+                Fault::StoreDown => {
+                    state.store_down_until.insert(store, far_future());
                 }
                 Fault::LoseResponse => lose = true,
             }
@@ -428,6 +435,7 @@ impl FakeCluster {
                 armed: Vec::new(),
                 rpc_counts: BTreeMap::new(),
             }),
+            gc_moved: tokio::sync::Notify::new(),
         });
         let pd_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind pd");
         let pd_addr = pd_listener.local_addr().expect("pd addr");
@@ -511,14 +519,39 @@ impl FakeCluster {
         self.shared.lock().mvcc.lock_count()
     }
 
-    /// Stops PD's server (connections are refused), waits `down_for`, and starts it again on
-    /// the same port. TSO stays monotonic: the state outlives the server.
-    pub async fn restart_pd(&self, down_for: Duration) {
+    /// Stops PD's server: connections are refused until [`start_pd`](Self::start_pd).
+    pub async fn stop_pd(&self) {
+        self.pd.lock().await.stop().await;
+    }
+
+    /// Starts PD's server again on its port. TSO stays monotonic: the state outlived the
+    /// server.
+    pub async fn start_pd(&self) {
         let mut pd = self.pd.lock().await;
-        pd.stop().await;
-        tokio::time::sleep(down_for).await;
         let listener = bind_again(self.pd_addr).await;
         *pd = pd::serve(Arc::clone(&self.shared), listener);
+    }
+
+    /// Ends every store outage: [`Fault::StoreDown`], [`Fault::StoreUnavailable`] and
+    /// [`store_unavailable`](Self::store_unavailable).
+    pub fn bring_stores_up(&self) {
+        self.shared.lock().store_down_until.clear();
+    }
+
+    /// Waits until the GC safe point is above `point`; fails the test after 30 s.
+    pub async fn until_safe_point_above(&self, point: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let moved = self.shared.gc_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if self.shared.lock().safe_point > point {
+                return;
+            }
+            tokio::time::timeout_at(deadline, moved)
+                .await
+                .unwrap_or_else(|_| panic!("the GC safe point did not pass {point} in 30 s"));
+        }
     }
 
     /// Stops store `store`'s server: connections to it are refused until [`start_store`].
@@ -539,6 +572,11 @@ impl FakeCluster {
             *server = store::serve(Arc::clone(&self.shared), store, listener);
         }
     }
+}
+
+/// A time no test outlives: an outage "until lifted".
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 86_400)
 }
 
 async fn bind_again(addr: SocketAddr) -> TcpListener {

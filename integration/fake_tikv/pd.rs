@@ -223,6 +223,7 @@ impl pdpb::pd_server::Pd for PdService {
             state.safe_point = req.safe_point;
             let safe_point = state.safe_point;
             state.mvcc.gc(safe_point);
+            self.shared.gc_moved.notify_waiters();
         }
         Ok(Response::new(pdpb::UpdateGcSafePointResponse {
             header: header(),

@@ -532,6 +532,7 @@ class Server:
         self.lines: collections.deque = collections.deque(maxlen=5000)
         self.line_count = 0
         self._lock = threading.Lock()
+        self._new_line = threading.Condition(self._lock)  # notified with each line, and at EOF
         self._listening = threading.Event()
         self._eof = threading.Event()
         self.address: Optional[str] = None
@@ -554,12 +555,32 @@ class Server:
             with self._lock:
                 self.lines.append(line)
                 self.line_count += 1
+                self._new_line.notify_all()
             if not self._listening.is_set():
                 m = LISTENING.search(line)
                 if m:
                     self.address = m.group(1).rstrip(".,;")
                     self._listening.set()
-        self._eof.set()
+        with self._lock:
+            self._eof.set()
+            self._new_line.notify_all()
+
+    def wait_for_line(self, *texts: str, since: int, timeout: float) -> Optional[str]:
+        """The first line from line number `since` on that holds any of `texts`, as soon as
+        the server prints it; None when none has within `timeout` seconds, or the server's
+        output ended without one."""
+        deadline = time.monotonic() + timeout
+        with self._new_line:
+            while True:
+                kept_from = self.line_count - len(self.lines)
+                for line in list(self.lines)[max(0, since - kept_from):]:
+                    if any(t in line for t in texts):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self._eof.is_set():
+                    return None
+                since = self.line_count
+                self._new_line.wait(left)
 
     def log(self, since: int = 0, tail: Optional[int] = None) -> str:
         with self._lock:

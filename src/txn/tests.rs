@@ -1,13 +1,19 @@
 use super::*;
+use crate::clock::Clock;
 use crate::codec::{KeyPrefix, Keyspace};
 use crate::kv::Store;
 use crate::model::{ColumnMappingRow, NameMappingRow};
 use crate::write::Insert;
 
 fn transactions(config: TxnConfig) -> Transactions {
-    Transactions::new(
+    timed(config, Clock::system())
+}
+
+fn timed(config: TxnConfig, clock: Clock) -> Transactions {
+    Transactions::with_clock(
         Catalog::new(Store::memory(), Keyspace::new(KeyPrefix::none())),
         config,
+        clock,
     )
 }
 
@@ -87,13 +93,23 @@ async fn an_unknown_outcome_is_told_by_every_later_call() {
 
 #[tokio::test]
 async fn an_idle_transaction_pins_nothing_and_expires() {
-    let txns = transactions(TxnConfig {
-        idle_timeout: Duration::from_millis(30),
-        ..TxnConfig::default()
-    });
+    let clock = Clock::manual();
+    let txns = timed(
+        TxnConfig {
+            idle_timeout: Duration::from_secs(300),
+            ..TxnConfig::default()
+        },
+        clock.clone(),
+    );
     let id = txns.begin(Some("s"), true).expect("begin");
     assert_eq!(txns.of_session("s"), Some(id.clone()));
-    std::thread::sleep(Duration::from_millis(60));
+    // Used just before its timeout: still open, and its idle time starts over.
+    clock.advance(Duration::from_secs(299));
+    assert!(txns.is_open(&id));
+    txns.stage(&id, Vec::new()).await.expect("still open");
+    clock.advance(Duration::from_secs(299));
+    assert!(txns.is_open(&id), "use resets the idle time");
+    clock.advance(Duration::from_secs(1));
     let err = txns
         .stage(&id, vec![mapping(1).remove(0)])
         .await
@@ -107,15 +123,30 @@ async fn an_idle_transaction_pins_nothing_and_expires() {
 
 #[tokio::test]
 async fn the_reaper_ends_abandoned_transactions_without_any_lookup() {
-    let txns = transactions(TxnConfig {
-        idle_timeout: Duration::from_millis(30),
-        ..TxnConfig::default()
-    });
+    let clock = Clock::manual();
+    let timeout = Duration::from_secs(300);
+    let txns = timed(
+        TxnConfig {
+            idle_timeout: timeout,
+            ..TxnConfig::default()
+        },
+        clock.clone(),
+    );
+    let mut passes = txns.reaper_passes();
     txns.spawn_reaper();
     let abandoned = txns.begin(Some("gone"), true).expect("begin");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each advance is one reaper period (a quarter of the timeout, at most 10 s); the
+    // transaction is reaped at the first pass past its timeout, and not before.
+    let period = Duration::from_secs(10);
+    let mut waited = Duration::ZERO;
+    while waited < timeout {
+        clock.advance(period);
+        waited += period;
+        passes.changed().await.expect("the reaper runs");
+        let open = !txns.registry().open.is_empty();
+        assert_eq!(open, waited < timeout, "open after {waited:?} idle: {open}");
+    }
     let registry = txns.registry();
-    assert!(registry.open.is_empty(), "still open after the timeout");
     assert!(registry.sessions.is_empty(), "the session still names it");
     assert_eq!(
         registry.ended.get(&abandoned).map(|e| e.how),
