@@ -3,7 +3,7 @@
 //!
 //! A batch is *canonical* for a list of columns when it has exactly those columns, in order,
 //! with their Arrow types (BIGINT → Int64, VARCHAR → Utf8, BOOLEAN → Boolean). The write path
-//! turns whatever clients send into canonical batches once ([`crate::write::decode`]); the
+//! turns whatever clients send into canonical batches once (`write::decode`); the
 //! read path builds canonical batches of the projected columns.
 
 use std::sync::{Arc, LazyLock};
@@ -18,9 +18,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
-use crate::model::{
-    CatalogTable, Cell, Column, SqlType, commit_upload_columns, mapping_load_columns,
-};
+use crate::model::{CatalogTable, Cell, Column, SqlType, mapping_load_columns};
 
 /// Positions of `ducklake_column_mapping`'s columns in its canonical batches.
 pub(crate) mod column_mapping {
@@ -98,13 +96,6 @@ pub fn table_schema(table: CatalogTable) -> SchemaRef {
 #[must_use]
 pub fn mapping_load_schema() -> SchemaRef {
     static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(mapping_load_columns()));
-    Arc::clone(&SCHEMA)
-}
-
-/// The Arrow schema of a one-stream commit upload.
-#[must_use]
-pub fn commit_upload_schema() -> SchemaRef {
-    static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(commit_upload_columns()));
     Arc::clone(&SCHEMA)
 }
 
@@ -336,12 +327,6 @@ impl<'a> Columns<'a> {
         self.rows
     }
 
-    /// Whether the batch has no rows.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
-    }
-
     /// BIGINT column `i` of row `row`.
     #[must_use]
     #[inline]
@@ -383,12 +368,6 @@ impl<'a> Columns<'a> {
             None => None,
         };
         value.unwrap_or(Cell::Null)
-    }
-
-    /// Row `row` as cells, in column order.
-    #[must_use]
-    pub fn row(&self, row: usize) -> Vec<Cell<'a>> {
-        (0..self.columns.len()).map(|i| self.cell(i, row)).collect()
     }
 }
 

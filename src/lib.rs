@@ -36,13 +36,13 @@
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
 
 pub mod auth;
-pub mod batch;
+pub(crate) mod batch;
 pub mod catalog;
 pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod error;
-pub mod flight;
+pub(crate) mod flight;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod import;
@@ -51,6 +51,7 @@ pub mod kv;
 pub mod model;
 pub mod query;
 pub mod server;
+mod text;
 pub mod tls;
 pub mod txn;
 pub mod write;

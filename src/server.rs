@@ -18,7 +18,7 @@ use crate::config::{ImportConfig, ServeConfig};
 use crate::error::{Error, Result};
 use crate::flight::gate::Gate;
 use crate::flight::prepared::PreparedLimits;
-use crate::flight::tickets::TicketKey;
+pub use crate::flight::tickets::TicketKey;
 use crate::flight::{MoraineFlightService, MoraineSqlService};
 use crate::kv::{Store, StoreLimits};
 use crate::query::{FastPaths, QueryEngine, QueryLimits};

@@ -76,18 +76,6 @@ impl MoraineSqlService {
             ticket_key,
         })
     }
-
-    /// The transactions.
-    #[must_use]
-    pub fn transactions(&self) -> &Transactions {
-        &self.txns
-    }
-
-    /// The query engine.
-    #[must_use]
-    pub fn engine(&self) -> &QueryEngine {
-        &self.engine
-    }
 }
 
 fn status<T>(result: Result<T>) -> Result<T, Status> {

@@ -25,7 +25,7 @@ pub fn to_status(err: &Error) -> Status {
     let message = if code == Code::Internal {
         "internal error; see the server log".to_owned()
     } else {
-        crate::error::shortened(&err.to_string(), MAX_MESSAGE).into_owned()
+        crate::text::shortened(&err.to_string(), MAX_MESSAGE).into_owned()
     };
     Status::new(code, message)
 }
@@ -46,7 +46,7 @@ fn code_of(err: &Error) -> Code {
                 && validation
                     .violations
                     .iter()
-                    .all(super::super::write::validate::Violation::is_already_exists)
+                    .all(crate::model::Violation::is_already_exists)
             {
                 Code::AlreadyExists
             } else {

@@ -785,7 +785,7 @@ fn describe(err: &TikvError) -> String {
                 locks.len()
             )
         }
-        other => crate::error::shortened(&other.to_string(), MAX_DESCRIPTION).into_owned(),
+        other => crate::text::shortened(&other.to_string(), MAX_DESCRIPTION).into_owned(),
     }
 }
 

@@ -7,6 +7,7 @@
 mod ids;
 mod mapping;
 mod rows;
+mod violation;
 
 pub use ids::{ColumnId, DataFileId, FieldId, MappingId, TableId};
 pub use mapping::{ColumnMapping, NameMapping};
@@ -14,3 +15,4 @@ pub use rows::{
     CatalogTable, Cell, CellValue, Column, ColumnMappingRow, DataFileRow, NameMappingRow, SqlType,
     commit_upload_columns, mapping_load_columns,
 };
+pub use violation::{ValidationError, Violation};

@@ -96,7 +96,7 @@ async fn an_idle_transaction_pins_nothing_and_expires() {
     let clock = Clock::manual();
     let txns = timed(
         TxnConfig {
-            idle_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_mins(5),
             ..TxnConfig::default()
         },
         clock.clone(),
@@ -124,7 +124,7 @@ async fn an_idle_transaction_pins_nothing_and_expires() {
 #[tokio::test]
 async fn the_reaper_ends_abandoned_transactions_without_any_lookup() {
     let clock = Clock::manual();
-    let timeout = Duration::from_secs(300);
+    let timeout = Duration::from_mins(5);
     let txns = timed(
         TxnConfig {
             idle_timeout: timeout,

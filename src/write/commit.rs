@@ -3,11 +3,11 @@
 use super::StagedBatch;
 pub use super::stage::PlanSummary;
 use super::stage::Staging;
-use super::validate::ValidationError;
 use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::codec::Kind;
 use crate::error::{Error, Result};
 use crate::kv::{CommitOutcome, Conflict};
+use crate::model::ValidationError;
 
 /// What a committed batch did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,12 +6,12 @@
 
 use std::collections::BTreeSet;
 
-use super::validate::Violation;
 use crate::batch::Columns;
 use crate::batch::name_mapping::{
     COLUMN_ID, IS_PARTITION, MAPPING_ID, PARENT_COLUMN, SOURCE_NAME, TARGET_FIELD_ID,
 };
 use crate::codec::NameRef;
+use crate::model::Violation;
 
 /// A name row owned, for rows that wait for their mapping or join names staged before.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,15 +15,14 @@ pub mod commit;
 pub mod decode;
 mod fold;
 pub mod stage;
-pub mod validate;
 
 use std::ops::RangeInclusive;
 
 use datafusion::arrow::record_batch::RecordBatch;
 
+pub use crate::model::{ValidationError, Violation};
 pub use commit::{CommitReport, PlanSummary, commit_batch, commit_batch_at};
 pub use stage::Staging;
-pub use validate::{ValidationError, Violation};
 
 use crate::batch::batch_of;
 use crate::error::{Error, Result};

@@ -21,7 +21,6 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 
 use super::fold::{self, OwnedName};
-use super::validate::Violation;
 use super::{Delete, EndTarget, Hold, Insert, Op, Update};
 use crate::batch::Columns;
 use crate::batch::{column_mapping, data_file, name_mapping};
@@ -32,6 +31,7 @@ use crate::codec::{
 };
 use crate::error::{Error, Result};
 use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, StagedWrites, Undo};
+use crate::model::Violation;
 use crate::model::{CatalogTable, Cell, TableId};
 
 /// Bytes of bookkeeping per staged key beyond its key and value: the map's node share, two

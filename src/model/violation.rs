@@ -1,9 +1,10 @@
-//! Constraint violations of a staged batch. Validation collects every violation of a batch,
-//! not just the first, so a client fixes its batch in one round.
+//! Constraint violations of a staged batch, as facts of the domain: what the write path's
+//! validation finds. It collects every violation of a batch, not just the first, so a client
+//! fixes its batch in one round.
 
 use std::fmt;
 
-use crate::model::CatalogTable;
+use super::CatalogTable;
 
 /// One broken constraint, naming the mapping (and column) or data file concerned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
