@@ -273,6 +273,21 @@ impl Keyspace {
         }
     }
 
+    /// The index entry of row `(kind, table_id, id)`, of a row kind: its key under
+    /// `kind.counterpart()`, appended to `out`, and its value. A row and its entry are written
+    /// and deleted together; this is the one place that knows what the entry is.
+    pub fn put_index_entry(
+        &self,
+        out: &mut Vec<u8>,
+        kind: Kind,
+        table_id: TableId,
+        id: i64,
+    ) -> Vec<u8> {
+        let index = kind.counterpart();
+        self.put_row_key(out, index, table_id, id);
+        Self::index_value(index, table_id)
+    }
+
     /// The index entry of a row key: the same row under `kind.counterpart()`.
     #[must_use]
     pub fn index_key(&self, row: RowKey) -> Vec<u8> {

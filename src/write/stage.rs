@@ -338,6 +338,22 @@ impl Staging {
 
     /// The staged writes to change, the undo log, the arena and the keyspace, borrowed
     /// together.
+    /// The key of row `(kind, table_id, id)` and its index entry, built in the arena: what
+    /// inserting or deleting the row writes.
+    fn row_and_index(&mut self, kind: Kind, table_id: TableId, id: i64) -> IndexedRow {
+        let (_, _, arena, keyspace) = self.parts();
+        let key = arena.build(|out| keyspace.put_row_key(out, kind, table_id, id));
+        let mut index_value = Vec::new();
+        let index_key = arena.build(|out| {
+            index_value = keyspace.put_index_entry(out, kind, table_id, id);
+        });
+        IndexedRow {
+            key,
+            index_key,
+            index_value: Bytes::from(index_value),
+        }
+    }
+
     fn parts(&mut self) -> (&mut StagedWrites, &mut Undo, &mut Arena, &Keyspace) {
         (
             Arc::make_mut(&mut self.writes),
@@ -346,6 +362,13 @@ impl Staging {
             self.base.keyspace(),
         )
     }
+}
+
+/// A row's key, and its index entry's key and value.
+struct IndexedRow {
+    key: Bytes,
+    index_key: Bytes,
+    index_value: Bytes,
 }
 
 /// `key` of `kind` for `(table_id, id)` into `out`, replacing what it held.
@@ -595,15 +618,10 @@ impl Staging {
                 continue;
             }
             let has_names = !names.is_empty();
-            let (writes, undo, arena, keyspace) = self.parts();
+            let row = self.row_and_index(Kind::Mapping, TableId(table_id), mapping_id);
+            let (writes, undo, arena, _) = self.parts();
             let value = arena.build(|out| encode_mapping_into(out, &head, names.iter().copied()));
-            let row_key = arena.build(|out| {
-                keyspace.put_row_key(out, Kind::Mapping, TableId(table_id), mapping_id);
-            });
-            let index_key = arena.build(|out| {
-                keyspace.put_row_key(out, Kind::MappingById, TableId(table_id), mapping_id);
-            });
-            match writes.insert_new(row_key, value, undo) {
+            match writes.insert_new(row.key, value, undo) {
                 // Absent, or deleted by this transaction: created (again).
                 Prior::Unstaged | Prior::Deleted => {}
                 Prior::Written => {
@@ -622,7 +640,7 @@ impl Staging {
                     continue;
                 }
             }
-            writes.insert(index_key, Bytes::new(), undo)?;
+            writes.insert(row.index_key, row.index_value, undo)?;
             self.set_inserted_id(mapping_id, table_id);
             self.set_unnamed((table_id, mapping_id), !has_names);
             self.set_missing_parents((table_id, mapping_id), pending);
@@ -817,22 +835,15 @@ impl Staging {
                     found,
                 });
             }
-            let (writes, undo, arena, keyspace) = self.parts();
+            let file = self.row_and_index(Kind::DataFile, TableId(table_id), data_file_id);
+            let (writes, undo, arena, _) = self.parts();
             let mut encoded = Ok(());
             let value = arena.build(|out| {
                 encoded = encode_data_file_into(out, |i| rows.cell(i, row));
             });
             encoded?;
-            let row_key = arena.build(|out| {
-                keyspace.put_row_key(out, Kind::DataFile, TableId(table_id), data_file_id);
-            });
-            let index_key = arena.build(|out| {
-                keyspace.put_row_key(out, Kind::DataFileById, TableId(table_id), data_file_id);
-            });
-            let index_value =
-                Bytes::from(Keyspace::index_value(Kind::DataFileById, TableId(table_id)));
-            writes.insert(row_key, value, undo)?;
-            writes.insert(index_key, index_value, undo)?;
+            writes.insert(file.key, value, undo)?;
+            writes.insert(file.index_key, file.index_value, undo)?;
             self.summary.files_created += 1;
         }
         self.references.extend(references);
@@ -989,15 +1000,13 @@ impl Staging {
         let mut deleted = 0;
         for row in rows {
             let (table_id, id) = (row.table_id.0, row.id);
-            let (writes, undo, arena, keyspace) = self.parts();
-            let row_key = arena.build(|out| keyspace.put_row_key(out, kind, row.table_id, id));
-            let index_key =
-                arena.build(|out| keyspace.put_row_key(out, kind.counterpart(), row.table_id, id));
-            let created_here = writes.get(&row_key).is_some_and(|staged| {
+            let keys = self.row_and_index(kind, row.table_id, id);
+            let (writes, undo, _, _) = self.parts();
+            let created_here = writes.get(&keys.key).is_some_and(|staged| {
                 staged.requirement == Requirement::Absent && matches!(staged.write, Some(Some(_)))
             });
-            writes.delete(row_key, undo)?;
-            writes.delete(index_key, undo)?;
+            writes.delete(keys.key, undo)?;
+            writes.delete(keys.index_key, undo)?;
             match (kind, created_here) {
                 (Kind::Mapping, true) => self.summary.mappings_created -= 1,
                 (Kind::Mapping, false) => self.summary.mappings_deleted += 1,
