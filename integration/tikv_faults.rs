@@ -459,3 +459,53 @@ async fn faults_switched_between_operations() {
     assert_eq!(assert_one_generation(&store, 60).await, 3);
     assert!(cluster.state().regions.len() >= 5);
 }
+
+/// A scan whose answer outgrows the client's gRPC message limit (4 MiB) is asked again for
+/// fewer rows, until it fits: every row comes back, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_answer_over_the_message_limit_is_asked_again_smaller() {
+    let (cluster, _backend, store) = setup().await;
+    let big = |i: u32| {
+        let mut value = vec![u8::try_from(i % 251).expect("small"); 512 << 10];
+        value.extend_from_slice(&i.to_be_bytes());
+        value
+    };
+    let mut writes = WriteSet::new();
+    for i in 0..24 {
+        writes.put(key(i), big(i));
+    }
+    assert!(commit_reporting(&store, writes).await);
+    let scans = || {
+        cluster
+            .state()
+            .rpc_counts
+            .get("KvScan")
+            .copied()
+            .unwrap_or(0)
+    };
+    let scans_before = scans();
+    let snapshot = store.snapshot().await.expect("snapshot");
+    let page = snapshot
+        .page(
+            &everything(),
+            PageSize {
+                rows: 24,
+                bytes: usize::MAX,
+            },
+        )
+        .await
+        .expect("the scan is asked again smaller");
+    let pairs = page.to_pairs();
+    assert!(
+        !pairs.is_empty() && pairs.len() < 24,
+        "{} rows",
+        pairs.len()
+    );
+    for (i, pair) in (0..).zip(&pairs) {
+        assert_eq!((&pair.key, &pair.value), (&key(i), &big(i)));
+    }
+    assert!(
+        scans() - scans_before >= 2,
+        "the first, too large, answer was asked again"
+    );
+}

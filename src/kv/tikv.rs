@@ -17,8 +17,12 @@
 //!   a write set that depends on what its caller read is never applied over a change the
 //!   caller did not see. A range requirement's own keys are not locked; what writes into such
 //!   a range locks is a guard key the range's writer changes (see `codec::key`).
-//! - Reads, and commits before their prewrite, wait out locks of live transactions for up to
-//!   [`TikvOptions::lock_wait`]; the client resolves expired locks itself.
+//! - Reads, and commits before their prewrite, wait out locks of live transactions for about
+//!   [`TikvOptions::lock_wait`], through the client's own lock backoff; the client resolves
+//!   expired locks itself. What stays a loop of ours does what the client's options cannot:
+//!   waiting for a restarting PD (tikv-client 0.4's PD retries are fixed), retrying a write
+//!   conflict with every requirement checked again at a new timestamp, and asking a scan
+//!   whose answer outgrew the message limit for fewer rows.
 //! - Nobody else advances the GC safe point: [`TikvBackend::advance_gc`] (or the task of
 //!   [`TikvBackend::spawn_gc`]) does, never past the start of a snapshot still open, nor past
 //!   what another deployment on the cluster registered with PD as its oldest read.
@@ -30,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tikv_client::{
-    CheckLevel, Error as TikvError, Key, Snapshot as TikvSnapshot, Timestamp, TimestampExt as _,
-    Transaction, TransactionClient, TransactionOptions,
+    Backoff, CheckLevel, Error as TikvError, Key, RetryOptions, Snapshot as TikvSnapshot,
+    Timestamp, TimestampExt as _, Transaction, TransactionClient, TransactionOptions,
 };
 
 use super::{
@@ -45,8 +49,11 @@ const NAME: &str = "tikv";
 /// this leaves about 4 KiB per pair; larger pairs shrink the limit adaptively.
 const MAX_SCAN_ROWS: usize = 1024;
 
-/// How long a reader sleeps before asking again for a key a live transaction has locked.
-const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// The first pause of a reader that meets a live transaction's lock, in milliseconds; the
+/// pauses double from here.
+const LOCK_BACKOFF_BASE_MS: u64 = 2;
+/// The longest pause between a reader's attempts to get past a live lock, in milliseconds.
+const LOCK_BACKOFF_MAX_MS: u64 = 100;
 
 /// How long a request that needs PD sleeps before asking an unreachable PD again.
 const PD_RETRY_PAUSE: Duration = Duration::from_millis(250);
@@ -478,38 +485,43 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// A reader at the snapshot's timestamp that waits out live locks for about `lock_wait`,
+    /// through the client's own lock backoff.
     fn reader(&self) -> TikvSnapshot {
-        self.client
-            .snapshot(self.timestamp.clone(), TikvBackend::read_options())
+        let options = TikvBackend::read_options().retry_options(RetryOptions {
+            lock_backoff: lock_backoff(self.lock_wait),
+            ..RetryOptions::default_optimistic()
+        });
+        self.client.snapshot(self.timestamp.clone(), options)
     }
 
-    /// Runs `read` on a fresh reader until it stops meeting live locks or `lock_wait` passes.
-    async fn retrying<T, F, Fut>(&self, mut read: F) -> Result<T, KvError>
+    /// Runs `read` on a fresh reader; its error as moraine tells it.
+    async fn reading<T, F, Fut>(&self, read: F) -> Result<T, KvError>
     where
-        F: FnMut(TikvSnapshot) -> Fut,
+        F: FnOnce(TikvSnapshot) -> Fut,
         Fut: Future<Output = Result<T, TikvError>>,
     {
-        let started = Instant::now();
-        loop {
-            match read(self.reader()).await {
-                Ok(value) => return Ok(value),
-                Err(err) if is_lock_wait(&err) && started.elapsed() < self.lock_wait => {
-                    tokio::time::sleep(LOCK_RETRY_PAUSE).await;
-                }
-                Err(err) => return Err(read_error(err)),
-            }
-        }
+        read(self.reader()).await.map_err(read_error)
     }
+}
+
+/// The client's lock backoff for waiting about `wait` for live locks to go: delays doubling
+/// from [`LOCK_BACKOFF_BASE_MS`] to [`LOCK_BACKOFF_MAX_MS`], then as many more as fill
+/// `wait`.
+fn lock_backoff(wait: Duration) -> Backoff {
+    // The doubling delays before the cap add up to about one capped delay.
+    let ramp = (LOCK_BACKOFF_MAX_MS / LOCK_BACKOFF_BASE_MS).ilog2() + 1;
+    let capped =
+        u64::try_from(wait.as_millis() / u128::from(LOCK_BACKOFF_MAX_MS)).unwrap_or(u64::MAX);
+    let attempts = ramp.saturating_add(u32::try_from(capped).unwrap_or(u32::MAX));
+    Backoff::no_jitter_backoff(LOCK_BACKOFF_BASE_MS, LOCK_BACKOFF_MAX_MS, attempts)
 }
 
 #[async_trait]
 impl KvSnapshot for Snapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        self.retrying(|mut reader| {
-            let key = key.to_vec();
-            async move { reader.get(key).await }
-        })
-        .await
+        self.reading(|mut reader| async move { reader.get(key.to_vec()).await })
+            .await
     }
 
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
@@ -517,7 +529,7 @@ impl KvSnapshot for Snapshot {
             return Ok(Vec::new());
         }
         let found: BTreeMap<Vec<u8>, Vec<u8>> = self
-            .retrying(|mut reader| {
+            .reading(|mut reader| {
                 let keys = keys.to_vec();
                 async move {
                     Ok(reader
@@ -543,16 +555,15 @@ impl KvSnapshot for Snapshot {
         let pairs = loop {
             let asked = u32::try_from(limit).unwrap_or(u32::MAX);
             let result = self
-                .retrying(|mut reader| {
-                    let bounds = range.start.clone()..range.end.clone();
-                    async move { Ok(reader.scan(bounds, asked).await?.collect::<Vec<_>>()) }
-                })
-                .await;
+                .reader()
+                .scan(range.start.clone()..range.end.clone(), asked)
+                .await
+                .map(Iterator::collect::<Vec<_>>);
             match result {
                 Ok(pairs) => break pairs,
                 // A region's answer outgrew the gRPC message limit: ask for fewer rows.
                 Err(err) if limit > 1 && is_too_large(&err) => limit /= 2,
-                Err(err) => return Err(err),
+                Err(err) => return Err(read_error(err)),
             }
         };
         let returned = pairs.len();
@@ -648,6 +659,16 @@ enum ErrorClass {
     Other,
 }
 
+/// Whether TiKV refused a commit because this transaction's lock is gone (another
+/// transaction resolved it). kvproto has no field for that: TiKV reports its
+/// `TxnLockNotFound` only as the text of `abort` (or `retryable`), so this is the one place
+/// that reads a key error's text. The fake cluster answers the same way, and
+/// `tikv_faults::a_crashed_writers_lock_is_resolved_after_its_ttl` fails if the text goes.
+fn lock_not_found(key_error: &tikv_client::ProtoKeyError) -> bool {
+    const TXN_LOCK_NOT_FOUND: &str = "TxnLockNotFound";
+    key_error.abort.contains(TXN_LOCK_NOT_FOUND) || key_error.retryable.contains(TXN_LOCK_NOT_FOUND)
+}
+
 fn classify(err: &TikvError) -> ErrorClass {
     let mut found = ErrorClass::Other;
     visit(err, &mut |leaf| {
@@ -659,9 +680,7 @@ fn classify(err: &TikvError) -> ErrorClass {
                     ErrorClass::WriteConflict(Some(conflict.key.clone()))
                 } else if key_error.locked.is_some() {
                     ErrorClass::Locked
-                } else if key_error.txn_not_found.is_some()
-                    || key_error.abort.contains("TxnLockNotFound")
-                {
+                } else if key_error.txn_not_found.is_some() || lock_not_found(key_error) {
                     ErrorClass::Aborted
                 } else {
                     ErrorClass::Other
@@ -722,6 +741,16 @@ fn is_lock_wait(err: &TikvError) -> bool {
     locked
 }
 
+/// Whether an untyped error of the client is its PD client failing to reach PD. tikv-client
+/// 0.4 reports those only as `InternalError` text ("PD cluster failed to respond", "failed
+/// to connect to …", "TimestampRequest channel is closed"), so this is the one place that
+/// reads it; `tikv_faults::an_unreachable_pd_is_unavailable_within_the_timeout` and
+/// `a_pd_restart_loses_no_acknowledged_commit` fail if an upgrade changes the text.
+fn pd_failure(message: &str) -> bool {
+    const PD_FAILURES: [&str; 3] = ["PD", "failed to connect to", "TimestampRequest"];
+    PD_FAILURES.iter().any(|text| message.contains(text))
+}
+
 /// Whether a failure came from a region or store the client could not reach in time, rather
 /// than from a fault of the request.
 fn is_unreachable(err: &TikvError) -> bool {
@@ -739,15 +768,20 @@ fn is_unreachable(err: &TikvError) -> bool {
                 | TikvError::Canceled(_)
                 | TikvError::Channel(_)
                 | TikvError::Io(_)
-        ) || matches!(leaf, TikvError::InternalError { message }
-                if message.contains("PD") || message.contains("TimestampRequest"));
+        ) || matches!(leaf, TikvError::InternalError { message } if pd_failure(message));
     });
     unreachable
 }
 
-fn is_too_large(err: &KvError) -> bool {
-    matches!(err, KvError::Backend { reason, .. } | KvError::Unavailable { reason, .. }
-        if reason.contains("message length too large") || reason.contains("decoded message length"))
+/// Whether a gRPC message outgrew its size limit, which gRPC libraries report as
+/// OUT_OF_RANGE (a code number the same in every one, so the client's tonic and ours agree).
+fn is_too_large(err: &TikvError) -> bool {
+    let mut too_large = false;
+    visit(err, &mut |leaf| {
+        too_large |= matches!(leaf, TikvError::GrpcAPI(status)
+            if status.code() as i32 == tonic::Code::OutOfRange as i32);
+    });
+    too_large
 }
 
 /// Maps an error of a read, or of a commit before anything could be written.
