@@ -742,8 +742,8 @@ fn is_lock_wait(err: &TikvError) -> bool {
 }
 
 /// Whether an untyped error of the client is its PD client failing to reach PD. tikv-client
-/// 0.4 reports those only as `InternalError` text ("PD cluster failed to respond", "failed
-/// to connect to …", "TimestampRequest channel is closed"), so this is the one place that
+/// 0.4 reports those only as `InternalError` text (`PD cluster failed to respond`, `failed
+/// to connect to …`, `TimestampRequest channel is closed`), so this is the one place that
 /// reads it; `tikv_faults::an_unreachable_pd_is_unavailable_within_the_timeout` and
 /// `a_pd_restart_loses_no_acknowledged_commit` fail if an upgrade changes the text.
 fn pd_failure(message: &str) -> bool {
@@ -774,7 +774,7 @@ fn is_unreachable(err: &TikvError) -> bool {
 }
 
 /// Whether a gRPC message outgrew its size limit, which gRPC libraries report as
-/// OUT_OF_RANGE (a code number the same in every one, so the client's tonic and ours agree).
+/// `OUT_OF_RANGE` (a code number the same in every one, so the client's tonic and ours agree).
 fn is_too_large(err: &TikvError) -> bool {
     let mut too_large = false;
     visit(err, &mut |leaf| {

@@ -2,7 +2,7 @@
 //! appended to builders of the projected columns only. No record is materialized, and
 //! nothing is allocated per row.
 //!
-//! The served tables' schemas come from the column tables ([`crate::batch`]). A projection is
+//! The served tables' schemas come from the column tables (`batch`). A projection is
 //! applied while a batch is built, never after.
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Arrow record batches into staged changes: what ingest, `INSERT` and the one-stream `DoPut`
 //! carry, checked column by column against DuckLake's tables and turned into canonical rows
-//! ([`crate::batch`]) once, batch by batch, as the stream is read.
+//! (`batch`) once, batch by batch, as the stream is read.
 //!
 //! Columns are matched by name against the column table of the target ([`RowShape`]). Integer
 //! columns of any width are widened to BIGINT (a value that does not fit is an error), string
