@@ -72,6 +72,7 @@ from test_writes_pyarrow import (
     MAPPING_PATH,
     committed,
     file_batches,
+    finish_put,
     mapping_batches,
     put,
 )
@@ -346,16 +347,7 @@ def statement_update(client, sql: str, opts, txn: Optional[bytes] = None) -> Non
     """CommandStatementUpdate (in transaction `txn`, if given) through DoPut."""
     body = _bytes_field(1, sql.encode()) + (_bytes_field(2, txn) if txn is not None else b"")
     writer, reader = client.do_put(command("CommandStatementUpdate", body), pa.schema([]), opts)
-    try:
-        writer.done_writing()
-        reader.read()
-    except pa.ArrowException as first:
-        try:
-            writer.close()
-        except pa.ArrowException as status:
-            raise status from first
-        raise
-    writer.close()
+    finish_put(writer, reader)
 
 
 # --------------------------------------------------------------------------------------------

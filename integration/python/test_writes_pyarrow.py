@@ -150,16 +150,32 @@ def put(client, path: str, messages: Sequence[Message],
                 writer.write_batch(batch)
             else:
                 writer.write_with_metadata(batch, meta)
+    except pa.ArrowException as first:
+        closing_raises(writer, first)
+    buf = finish_put(writer, reader)
+    return None if buf is None else json.loads(buf.to_pybytes())
+
+
+def closing_raises(writer, first: BaseException) -> None:
+    """Closes a DoPut `writer` whose call failed with `first` and raises the call's error:
+    the server's status, which close() carries, or `first` if close() has none."""
+    try:
+        writer.close()
+    except pa.ArrowException as status:
+        raise status from first
+    raise first
+
+
+def finish_put(writer, reader) -> Optional[pa.Buffer]:
+    """Half-closes a DoPut, reads its one reply (None if the server sent none) and closes
+    it; the call's error is raised as `closing_raises` tells it."""
+    try:
         writer.done_writing()
         buf = reader.read()
     except pa.ArrowException as first:
-        try:
-            writer.close()
-        except pa.ArrowException as status:
-            raise status from first
-        raise
+        closing_raises(writer, first)
     writer.close()
-    return None if buf is None else json.loads(buf.to_pybytes())
+    return buf
 
 
 def check_reply(reply: Optional[dict], *, rows: int, mappings: int, data_files: int,
