@@ -246,6 +246,12 @@ pub async fn catalog_rows(catalog: &moraine::catalog::Catalog) -> CatalogRows {
 impl TestStore {
     /// A catalog over this store, with a deployment prefix so keys of other deployments
     /// would be visible as a bug.
+    /// The fake TiKV cluster under the store, when it runs on one.
+    #[cfg(feature = "tikv")]
+    pub fn cluster(&self) -> Option<&Arc<crate::fake_tikv::FakeCluster>> {
+        self._cluster.as_ref()
+    }
+
     pub fn catalog(&self) -> moraine::catalog::Catalog {
         moraine::catalog::Catalog::new(
             self.store.clone(),

@@ -193,6 +193,40 @@ pub enum Fault {
     StoreDown,
     /// The RPC is applied but its answer is lost (the client sees Unavailable).
     LoseResponse,
+    /// The RPC waits at the gate, before anything of it is applied, until the test opens it.
+    /// Prewrites honour it (taken by [`Shared::held`]); other RPCs ignore it.
+    Hold(Arc<Gate>),
+}
+
+/// Where a held RPC waits: it says it arrived, then goes on when the test opens the gate.
+#[derive(Debug)]
+pub struct Gate {
+    arrived: tokio::sync::Semaphore,
+    open: tokio::sync::Semaphore,
+}
+
+impl Gate {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            arrived: tokio::sync::Semaphore::new(0),
+            open: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    /// Waits until the held RPC has arrived.
+    pub async fn arrived(&self) {
+        self.arrived.acquire().await.expect("gate open").forget();
+    }
+
+    /// Lets the held RPC go on.
+    pub fn open(&self) {
+        self.open.add_permits(1);
+    }
+
+    async fn pass(&self) {
+        self.arrived.add_permits(1);
+        self.open.acquire().await.expect("gate open").forget();
+    }
 }
 
 /// State shared by PD and every store.
@@ -297,13 +331,29 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Takes the first [`Fault::Hold`] armed for `rpc`, and waits at its gate.
+    pub async fn held(&self, rpc: Rpc) {
+        let gate = {
+            let mut state = self.lock();
+            let at = state
+                .armed
+                .iter()
+                .position(|(r, fault)| *r == rpc && matches!(fault, Fault::Hold(_)));
+            match at.map(|at| state.armed.remove(at)) {
+                Some((_, Fault::Hold(gate))) => gate,
+                _ => return,
+            }
+        };
+        gate.pass().await;
+    }
+
     /// Fires the faults armed for `rpc`, as seen by store `store`. Returns whether the
     /// response of this RPC is to be lost.
     pub fn fire(&self, rpc: Rpc, store: u64) -> bool {
         let mut state = self.lock();
         let (fired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.armed)
             .into_iter()
-            .partition(|(r, _)| *r == rpc);
+            .partition(|(r, fault)| *r == rpc && !matches!(fault, Fault::Hold(_)));
         state.armed = kept;
         let mut lose = false;
         for (_, fault) in fired {
@@ -319,6 +369,7 @@ impl Shared {
                     state.store_down_until.insert(store, far_future());
                 }
                 Fault::LoseResponse => lose = true,
+                Fault::Hold(_) => {}
             }
         }
         lose

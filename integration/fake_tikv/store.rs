@@ -250,6 +250,7 @@ impl Tikv for StoreService {
                 "the fake serves optimistic two-phase commit only",
             ));
         }
+        self.shared.held(Rpc::Prewrite).await;
         let keys: Vec<&[u8]> = req.mutations.iter().map(|m| m.key.as_slice()).collect();
         let mut resp = kvrpcpb::PrewriteResponse::default();
         match self.with_region(

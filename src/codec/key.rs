@@ -15,7 +15,13 @@
 //! transactions inserting it anywhere collide on one key. Guard keys, one per table and row
 //! kind, are what a transaction that acts on a whole table range (DROP TABLE's end of every
 //! file, a delete of every row) writes and what every insert into that table checks, so the
-//! two conflict on every backend.
+//! two conflict on every backend. Per row kind, a table-set key changes whenever a table gets
+//! its guard, and a range-holds key moves on whenever a statement acts on a key range rather
+//! than on whole tables (a range of ids, a filter on other columns). Such a statement moves
+//! on every guard in its span and depends on the table set; giving a table its guard depends
+//! on the range holds. So an insert into the range from any table, one with a guard or one
+//! getting its first, conflicts with the statement, and inserts into different tables never
+//! conflict with each other.
 //!
 //! | kind             | subspace | tag  | components                 | value      |
 //! |------------------|----------|------|----------------------------|------------|
@@ -26,6 +32,8 @@
 //! | `DataFileById`   | index    | 0x03 | `data_file_id`             | `table_id` |
 //! | `MappingGuard`   | guard    | 0x01 | `table_id`                 | counter    |
 //! | `DataFileGuard`  | guard    | 0x02 | `table_id`                 | counter    |
+//! | `MappingTables`  | guard    | 0x11 | `0` table set, `1` holds   | see above  |
+//! | `DataFileTables` | guard    | 0x12 | `0` table set, `1` holds   | see above  |
 //!
 //! `DataFileByIdV1` is the data-file index of stores written before the index was unique;
 //! opening such a store moves its entries to `DataFileById` (see `catalog::upgrade`).
@@ -77,11 +85,15 @@ pub enum Kind {
     MappingGuard,
     /// The guard of a table's data files: key `table_id`, value a counter.
     DataFileGuard,
+    /// The table set and the range holds of mapping tables: keys `0` and `1`.
+    MappingTables,
+    /// The table set and the range holds of data-file tables: keys `0` and `1`.
+    DataFileTables,
 }
 
 impl Kind {
     /// Every kind, in key order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Mapping,
         Kind::DataFile,
         Kind::MappingById,
@@ -89,6 +101,8 @@ impl Kind {
         Kind::DataFileById,
         Kind::MappingGuard,
         Kind::DataFileGuard,
+        Kind::MappingTables,
+        Kind::DataFileTables,
     ];
 
     /// The subspace this kind lives in.
@@ -97,7 +111,10 @@ impl Kind {
         match self {
             Kind::Mapping | Kind::DataFile => Subspace::Current,
             Kind::MappingById | Kind::DataFileById | Kind::DataFileByIdV1 => Subspace::Index,
-            Kind::MappingGuard | Kind::DataFileGuard => Subspace::Guard,
+            Kind::MappingGuard
+            | Kind::DataFileGuard
+            | Kind::MappingTables
+            | Kind::DataFileTables => Subspace::Guard,
         }
     }
 
@@ -108,6 +125,8 @@ impl Kind {
             Kind::Mapping | Kind::MappingById | Kind::MappingGuard => 0x01,
             Kind::DataFile | Kind::DataFileByIdV1 | Kind::DataFileGuard => 0x02,
             Kind::DataFileById => 0x03,
+            Kind::MappingTables => 0x11,
+            Kind::DataFileTables => 0x12,
         }
     }
 
@@ -116,7 +135,11 @@ impl Kind {
     pub fn arity(self) -> usize {
         match self {
             Kind::Mapping | Kind::DataFile | Kind::MappingById | Kind::DataFileByIdV1 => 2,
-            Kind::DataFileById | Kind::MappingGuard | Kind::DataFileGuard => 1,
+            Kind::DataFileById
+            | Kind::MappingGuard
+            | Kind::DataFileGuard
+            | Kind::MappingTables
+            | Kind::DataFileTables => 1,
         }
     }
 
@@ -130,11 +153,33 @@ impl Kind {
             self.subspace() == Subspace::Current,
             "only row kinds have guards"
         );
+        match self.counterpart_row() {
+            Kind::DataFile => Kind::DataFileGuard,
+            _ => Kind::MappingGuard,
+        }
+    }
+
+    /// The table-set kind of a row kind.
+    ///
+    /// # Panics
+    /// Never for a row kind; any other kind is a caller bug caught in debug builds.
+    #[must_use]
+    pub fn table_set(self) -> Kind {
+        debug_assert!(
+            self.subspace() == Subspace::Current,
+            "only row kinds have table sets"
+        );
+        match self.counterpart_row() {
+            Kind::DataFile => Kind::DataFileTables,
+            _ => Kind::MappingTables,
+        }
+    }
+
+    /// The row kind this kind is, or is about.
+    fn counterpart_row(self) -> Kind {
         match self {
-            Kind::DataFile | Kind::DataFileById | Kind::DataFileByIdV1 | Kind::DataFileGuard => {
-                Kind::DataFileGuard
-            }
-            Kind::Mapping | Kind::MappingById | Kind::MappingGuard => Kind::MappingGuard,
+            Kind::Mapping | Kind::DataFile => self,
+            _ => self.counterpart(),
         }
     }
 
@@ -145,8 +190,11 @@ impl Kind {
         match self {
             Kind::Mapping => Kind::MappingById,
             Kind::DataFile => Kind::DataFileById,
-            Kind::MappingById | Kind::MappingGuard => Kind::Mapping,
-            Kind::DataFileById | Kind::DataFileByIdV1 | Kind::DataFileGuard => Kind::DataFile,
+            Kind::MappingById | Kind::MappingGuard | Kind::MappingTables => Kind::Mapping,
+            Kind::DataFileById
+            | Kind::DataFileByIdV1
+            | Kind::DataFileGuard
+            | Kind::DataFileTables => Kind::DataFile,
         }
     }
 
@@ -309,6 +357,28 @@ impl Keyspace {
     #[must_use]
     pub fn guard_key(&self, kind: Kind, table_id: TableId) -> Vec<u8> {
         self.row_key(kind.guard(), table_id, 0)
+    }
+
+    /// The table-set key of row kind `kind`: it changes, to a value it never had before,
+    /// whenever one of the kind's tables gets its guard.
+    #[must_use]
+    pub fn table_set_key(&self, kind: Kind) -> Vec<u8> {
+        self.row_key(kind.table_set(), TableId(0), 0)
+    }
+
+    /// The range-holds key of row kind `kind`: a counter that moves on whenever a statement
+    /// holds a key range of the kind across tables. A transaction that gives a table its
+    /// guard depends on it.
+    #[must_use]
+    pub fn range_holds_key(&self, kind: Kind) -> Vec<u8> {
+        self.row_key(kind.table_set(), TableId(1), 0)
+    }
+
+    /// The guard keys of row kind `kind` for the tables `tables.start()..=tables.end()`: one
+    /// range.
+    #[must_use]
+    pub fn guard_span(&self, kind: Kind, tables: RangeInclusive<i64>) -> KeyRange {
+        self.span(kind.guard(), tables)
     }
 
     /// Parses an index entry, key and value, into the row it points to.

@@ -187,17 +187,22 @@ impl CatalogScanExec {
                 kind,
                 tables: tables.iter().copied().map(TableId).collect(),
             },
-            Access::Ranges { ranges, .. } => Hold::Ranges(ranges.clone()),
+            Access::Ranges { ranges, .. } => Hold::Ranges {
+                kind,
+                ranges: ranges.clone(),
+            },
             Access::IdOrder { ids, .. } => match ids.enumerate(MAX_HELD_IDS) {
                 Some(ids) if kind == Kind::DataFile => {
                     Hold::DataFileIds(ids.into_iter().map(DataFileId).collect())
                 }
-                _ => Hold::Ranges(
-                    ids.ranges()
+                _ => Hold::Ranges {
+                    kind,
+                    ranges: ids
+                        .ranges()
                         .iter()
                         .map(|ids| keyspace.id_span(kind.counterpart(), ids.clone()))
                         .collect(),
-                ),
+                },
             },
         }
     }

@@ -93,19 +93,31 @@ fn describe(catalog: &Catalog, conflict: &Conflict) -> String {
         (Kind::DataFileById, Conflict::RangeChanged { .. }, _) => {
             format!("the data files with ids from {first} on {what}")
         }
+        (Kind::MappingTables | Kind::DataFileTables, ..) => {
+            // The table set moves when a table gets its guard and when a statement acts on
+            // a key range across tables: the two raced.
+            format!(
+                "the {} of the catalog's tables changed concurrently",
+                rows_of(kind)
+            )
+        }
         (_, Conflict::RangeChanged { .. }, _) | (Kind::MappingGuard | Kind::DataFileGuard, ..) => {
             // A guard changes when a statement acts on its table whole; whatever the
             // backend's account, the table's rows changed under the transaction.
-            let rows = match kind.counterpart() {
-                Kind::Mapping => "mappings",
-                _ => "data files",
-            };
-            format!("the {rows} of table {first} changed concurrently")
+            format!("the {} of table {first} changed concurrently", rows_of(kind))
         }
         (Kind::Mapping | Kind::MappingById, _, Some(table)) => {
             format!("mapping {id} of table {table} {what}")
         }
         (_, _, Some(table)) => format!("data file {id} of table {table} {what}"),
         (_, _, None) => format!("data file {id} {what}"),
+    }
+}
+
+/// What the rows of a kind, or those an index, guard or table set is about, are called.
+fn rows_of(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Mapping | Kind::MappingById | Kind::MappingGuard | Kind::MappingTables => "mappings",
+        _ => "data files",
     }
 }

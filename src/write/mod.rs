@@ -90,8 +90,17 @@ pub enum Hold {
     },
     /// Data files by id: each as read, and the ids not found still absent.
     DataFileIds(Vec<DataFileId>),
-    /// Key ranges read whole, each to be unchanged at the commit.
-    Ranges(Vec<crate::kv::KeyRange>),
+    /// Key ranges of rows of a row kind, or of its index, read whole: each must be unchanged
+    /// at the commit, and every guard of the kind's tables in their span moves on with the
+    /// kind's table set, so an insert into the ranges from any table conflicts whichever
+    /// commits first (on TiKV too, where only keys two transactions both write collide).
+    Ranges {
+        /// [`Kind::Mapping`](crate::codec::Kind::Mapping) or
+        /// [`Kind::DataFile`](crate::codec::Kind::DataFile).
+        kind: crate::codec::Kind,
+        /// The ranges, of rows of `kind` or entries of its index.
+        ranges: Vec<crate::kv::KeyRange>,
+    },
 }
 
 /// Rows inserted into one catalog table: a batch in the table's canonical form (every column,

@@ -377,6 +377,16 @@ fn key_into(out: &mut Vec<u8>, keyspace: &Keyspace, kind: Kind, table_id: i64, i
     keyspace.put_row_key(out, kind, TableId(table_id), id);
 }
 
+/// The tables whose rows of row kind `kind` a range of those rows, or of their index, may
+/// hold: every table for a range of the index, else those from the range's start to its end.
+fn tables_spanned(keyspace: &Keyspace, kind: Kind, range: &KeyRange) -> std::ops::RangeInclusive<i64> {
+    let table = |bound: &[u8]| match keyspace.decode_head(bound) {
+        Ok((found, table)) if found == kind => Some(table),
+        _ => None,
+    };
+    table(&range.start).unwrap_or(i64::MIN)..=table(&range.end).unwrap_or(i64::MAX)
+}
+
 /// What a commit must find at a key for the snapshot's `value` there to still hold.
 fn as_read(value: Option<&[u8]>) -> Requirement {
     value.map_or(Requirement::Absent, |value| {
@@ -393,7 +403,10 @@ fn canonical(insert: &Insert) -> Result<Columns<'_>> {
 impl Staging {
     /// Makes the commit depend on the guards of the tables of row kind `kind` that `tables`
     /// inserts into: a concurrent commit that acted on a whole table (and so changed its
-    /// guard) then conflicts with this one. Each table's guard is read once per transaction.
+    /// guard) then conflicts with this one. A table without a guard gets one here, and the
+    /// kind's table set moves on with it: a concurrent statement on a key range moves on the
+    /// guards it finds and the table set, so it conflicts with an insert into any table.
+    /// Each table's guard is read once per transaction.
     async fn guard_inserts(&mut self, kind: Kind, tables: impl Iterator<Item = i64>) -> Result<()> {
         let keyspace = self.base.keyspace().clone();
         let mut tables: Vec<i64> = tables.collect();
@@ -408,18 +421,91 @@ impl Staging {
             return Ok(());
         }
         let values = self.base.values(&keys).await?;
+        let mut created = Vec::new();
         let (writes, undo, _, _) = self.parts();
         for (key, value) in keys.into_iter().zip(values) {
-            writes.require(Bytes::from(key), as_read(value.as_deref()), undo);
+            match value {
+                Some(value) => writes.require(Bytes::from(key), as_read(Some(&value)), undo),
+                None => created.push(key),
+            }
+        }
+        if !created.is_empty() {
+            self.move_on(created).await?;
+            self.new_guards(kind).await?;
         }
         Ok(())
+    }
+
+    /// Records that the transaction gives tables of row kind `kind` their guards: the kind's
+    /// table set changes, to a value never written before (so two transactions doing this
+    /// do not conflict), and the commit depends on the kind's range holds being as read, so a
+    /// concurrent statement holding a key range across tables, which could not see the new
+    /// guards, conflicts with it whichever commits first.
+    async fn new_guards(&mut self, kind: Kind) -> Result<()> {
+        let keyspace = self.base.keyspace().clone();
+        let holds = keyspace.range_holds_key(kind);
+        self.depend_on(holds).await?;
+        let fresh = crate::auth::random_bytes::<16>()?;
+        let (writes, undo, _, _) = self.parts();
+        writes.put(
+            Bytes::from(keyspace.table_set_key(kind)),
+            Bytes::copy_from_slice(&fresh),
+            undo,
+        )?;
+        Ok(())
+    }
+
+    /// Makes the commit depend on `key` being as the transaction read it, unless the
+    /// transaction already decided it.
+    async fn depend_on(&mut self, key: Vec<u8>) -> Result<()> {
+        if self.writes.get(&key).is_none() {
+            let stored = self.base.values(std::slice::from_ref(&key)).await?;
+            let stored = stored.into_iter().next().flatten();
+            let (writes, undo, _, _) = self.parts();
+            writes.require(Bytes::from(key), as_read(stored.as_deref()), undo);
+        }
+        Ok(())
+    }
+
+    /// Moves each of `keys` (guards, range holds) on: the commit requires it as the
+    /// transaction read it and writes the next count, so that a concurrent commit depending
+    /// on it or moving it conflicts with this one whichever commits first. Returns whether
+    /// one of them had no count yet in the transaction's view.
+    async fn move_on(&mut self, keys: Vec<Vec<u8>>) -> Result<bool> {
+        let unread: Vec<Vec<u8>> = keys
+            .iter()
+            .filter(|key| self.writes.read(key).is_none())
+            .cloned()
+            .collect();
+        let values = self.base.values(&unread).await?;
+        let mut stored: HashMap<Vec<u8>, Option<Vec<u8>>> = unread.into_iter().zip(values).collect();
+        let mut created = false;
+        let (writes, undo, _, _) = self.parts();
+        for key in keys {
+            let now = if let Some(staged) = writes.read(&key) {
+                staged.map(|value| value.to_vec())
+            } else {
+                let stored = stored.remove(&key).flatten();
+                writes.require(Bytes::from(key.clone()), as_read(stored.as_deref()), undo);
+                stored
+            };
+            created |= now.is_none();
+            let count = now
+                .as_deref()
+                .and_then(|value| <[u8; 8]>::try_from(value).ok())
+                .map_or(0, u64::from_be_bytes);
+            let next = Bytes::copy_from_slice(&count.wrapping_add(1).to_be_bytes());
+            writes.put(Bytes::from(key), next, undo)?;
+        }
+        Ok(created)
     }
 
     /// The rows of row kind `kind` in `tables`, as the transaction sees them, for a change
     /// that acts on those tables whole (a delete of every row, the end of every file). The
     /// commit then requires each table's range to hold what the snapshot held, and moves each
     /// table's guard on, so that a concurrent insert, change or delete there conflicts with
-    /// it, whichever commits first.
+    /// it, whichever commits first. A guard made here changes the kind's table set, as an
+    /// insert's does.
     async fn hold_tables(
         &mut self,
         kind: Kind,
@@ -428,53 +514,75 @@ impl Staging {
         let keyspace = self.base.keyspace().clone();
         let mut rows = Vec::new();
         for range in keyspace.tables_ranges(kind, tables.iter().copied()) {
-            let mut digester = Digester::new();
-            let mut stored = Vec::new();
-            let mut pages = self.base.pages(vec![range.clone()], PageSize::default());
-            while let Some(page) = pages.next().await {
-                for (key, value) in page?.iter() {
-                    digester.pair(key, value);
-                    stored.push(Bytes::copy_from_slice(key));
-                }
-            }
-            // The view: the stored keys, less those the transaction deleted, with those it
-            // wrote, in key order.
-            let mut keys: BTreeSet<Bytes> = stored.into_iter().collect();
-            for (key, value) in self.writes.written_in(&range) {
-                if value.is_some() {
-                    keys.insert(key.clone());
-                } else {
-                    keys.remove(key);
-                }
-            }
+            let (digest, keys) = self.read_range(&range, true).await?;
             for key in keys {
                 rows.push(keyspace.decode(&key)?);
             }
             let (writes, undo, _, _) = self.parts();
-            writes.require_range(range, digester.finish(), undo);
+            writes.require_range(range, digest, undo);
         }
-        let guards: Vec<Vec<u8>> = tables
+        let guards = tables
             .iter()
             .map(|table| keyspace.guard_key(kind, *table))
             .collect();
-        let stored = self.base.values(&guards).await?;
-        let (writes, undo, _, _) = self.parts();
-        for (key, stored) in guards.into_iter().zip(stored) {
-            let key = Bytes::from(key);
-            let now = if let Some(staged) = writes.read(&key) {
-                staged.map(|value| value.to_vec())
-            } else {
-                writes.require(key.clone(), as_read(stored.as_deref()), undo);
-                stored
-            };
-            let count = now
-                .as_deref()
-                .and_then(|value| <[u8; 8]>::try_from(value).ok())
-                .map_or(0, u64::from_be_bytes);
-            let next = Bytes::copy_from_slice(&count.wrapping_add(1).to_be_bytes());
-            writes.put(key, next, undo)?;
+        if self.move_on(guards).await? {
+            self.new_guards(kind).await?;
         }
         Ok(rows)
+    }
+
+    /// Holds key ranges of rows of row kind `kind`, or of its index, read whole by a
+    /// statement that does not act on whole tables (a range of ids, a filter on other
+    /// columns). Each range must hold at the commit what the snapshot held. On TiKV only keys
+    /// two transactions both write or lock collide, so the statement also moves on every
+    /// guard of the tables the ranges span (all of them, for a range of the index) and the
+    /// kind's range holds, and depends on the kind's table set: an insert into a table with a
+    /// guard depends on that guard, and one giving a table its guard changes the table set
+    /// and depends on the range holds, so either conflicts with the statement whichever
+    /// commits first.
+    async fn hold_ranges(&mut self, kind: Kind, ranges: &[KeyRange]) -> Result<()> {
+        let keyspace = self.base.keyspace().clone();
+        let mut keys = BTreeSet::new();
+        for range in ranges {
+            let (digest, _) = self.read_range(range, false).await?;
+            let (writes, undo, _, _) = self.parts();
+            writes.require_range(range.clone(), digest, undo);
+            let span = keyspace.guard_span(kind, tables_spanned(&keyspace, kind, range));
+            keys.extend(self.read_range(&span, true).await?.1);
+        }
+        let table_set = keyspace.table_set_key(kind);
+        self.depend_on(table_set).await?;
+        let mut keys: Vec<Vec<u8>> = keys.into_iter().map(|key| key.to_vec()).collect();
+        keys.push(keyspace.range_holds_key(kind));
+        self.move_on(keys).await?;
+        Ok(())
+    }
+
+    /// What the transaction sees in `range`: the digest of what the snapshot holds there
+    /// (what a commit requires it to hold still) and, with `keys`, the keys of its view (the
+    /// stored ones less those the transaction deleted, with those it wrote) in key order.
+    async fn read_range(&self, range: &KeyRange, keys: bool) -> Result<(Digest, BTreeSet<Bytes>)> {
+        let mut digester = Digester::new();
+        let mut view = BTreeSet::new();
+        let mut pages = self.base.pages(vec![range.clone()], PageSize::default());
+        while let Some(page) = pages.next().await {
+            for (key, value) in page?.iter() {
+                digester.pair(key, value);
+                if keys {
+                    view.insert(Bytes::copy_from_slice(key));
+                }
+            }
+        }
+        if keys {
+            for (key, value) in self.writes.written_in(range) {
+                if value.is_some() {
+                    view.insert(key.clone());
+                } else {
+                    view.remove(key);
+                }
+            }
+        }
+        Ok((digester.finish(), view))
     }
 
     /// Makes the commit depend on the stored values of the rows `rows` of row kind `kind` that
@@ -920,27 +1028,9 @@ impl Staging {
                 let rows = self.view().index_rows(Kind::DataFileById, &ids).await?;
                 self.hold_rows(Kind::DataFile, &rows, &ids).await?;
             }
-            Hold::Ranges(ranges) => {
-                for range in ranges {
-                    let digest = self.stored_digest(range).await?;
-                    let (writes, undo, _, _) = self.parts();
-                    writes.require_range(range.clone(), digest, undo);
-                }
-            }
+            Hold::Ranges { kind, ranges } => self.hold_ranges(*kind, ranges).await?,
         }
         Ok(())
-    }
-
-    /// The digest of what the snapshot holds in `range`.
-    async fn stored_digest(&self, range: &KeyRange) -> Result<Digest> {
-        let mut digester = Digester::new();
-        let mut pages = self.base.pages(vec![range.clone()], PageSize::default());
-        while let Some(page) = pages.next().await {
-            for (key, value) in page?.iter() {
-                digester.pair(key, value);
-            }
-        }
-        Ok(digester.finish())
     }
 
     async fn delete(&mut self, delete: &Delete, violations: &mut Vec<Violation>) -> Result<u64> {
@@ -980,7 +1070,7 @@ impl Staging {
                 // The id range of the index is held whole: an insert of an id in it, or a
                 // change to a file in it, conflicts with the delete.
                 let span = keyspace.id_span(Kind::DataFileById, range.clone());
-                self.hold(&Hold::Ranges(vec![span])).await?;
+                self.hold_ranges(Kind::DataFile, &[span]).await?;
                 let rows = self
                     .view()
                     .index_entries(Kind::DataFileById, range.clone())
