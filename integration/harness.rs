@@ -21,7 +21,7 @@ pub struct TestStore {
     pub _dir: Option<TempDir>,
     /// The fake TiKV cluster the store runs on, kept running while the store lives.
     #[cfg(feature = "tikv")]
-    pub _cluster: Option<Arc<crate::fake_tikv::FakeCluster>>,
+    pub cluster: Option<Arc<crate::fake_tikv::FakeCluster>>,
 }
 
 /// What a store's snapshots have read, and how many of them are alive, for tests that watch
@@ -123,7 +123,7 @@ impl Backend {
             reads,
             _dir: dir,
             #[cfg(feature = "tikv")]
-            _cluster: cluster,
+            cluster,
         }
     }
 }
@@ -249,7 +249,7 @@ impl TestStore {
     /// The fake TiKV cluster under the store, when it runs on one.
     #[cfg(feature = "tikv")]
     pub fn cluster(&self) -> Option<&Arc<crate::fake_tikv::FakeCluster>> {
-        self._cluster.as_ref()
+        self.cluster.as_ref()
     }
 
     pub fn catalog(&self) -> moraine::catalog::Catalog {

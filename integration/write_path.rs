@@ -957,9 +957,8 @@ pub async fn an_id_range_delete_and_an_insert_into_its_range_never_both_commit(b
     let t = backend.open().await;
     let catalog = t.catalog();
     let add = |id, table| batch([Op::Insert(Insert::data_files(&[file(id, table, None)]))]);
-    let delete = |ids: std::ops::RangeInclusive<i64>| {
-        batch([Op::Delete(Delete::DataFileIdRange(ids))])
-    };
+    let delete =
+        |ids: std::ops::RangeInclusive<i64>| batch([Op::Delete(Delete::DataFileIdRange(ids))]);
     commit_ok(&catalog, &add(1, 1)).await;
     commit_ok(&catalog, &add(200, 9)).await;
 
@@ -992,6 +991,13 @@ pub async fn an_id_range_delete_and_an_insert_into_its_range_never_both_commit(b
     commit_batch_at(&catalog, &read, &add(52, 34))
         .await
         .expect("insert into new table 34 beside the one into 33");
+    // Nor do two first inserts into one new table.
+    commit_batch_at(&catalog, &read, &add(53, 35))
+        .await
+        .expect("first insert into new table 35");
+    commit_batch_at(&catalog, &read, &add(54, 35))
+        .await
+        .expect("another first insert into table 35");
 
     // The insert first: the delete's range changed under it, or the set of tables did.
     let read = catalog.snapshot().await.expect("snapshot");
@@ -1014,18 +1020,34 @@ pub async fn an_id_range_delete_and_an_insert_into_its_range_never_both_commit(b
     .await;
     assert_eq!(
         live_files(&catalog_rows(&catalog).await),
-        vec![(9, 50), (9, 60), (9, 200), (33, 51), (34, 52), (44, 61)]
+        vec![
+            (9, 50),
+            (9, 60),
+            (9, 200),
+            (33, 51),
+            (34, 52),
+            (35, 53),
+            (35, 54),
+            (44, 61)
+        ]
     );
 
-    // Racing from one snapshot: the delete and inserts of ids in its range, into tables with
-    // files and into new ones, never both land.
+    a_range_delete_races_inserts_into_its_range(&catalog).await;
+}
+
+/// From one snapshot, a delete of ids `1..=150` and inserts of ids in that range, into a
+/// table with files and into new ones: the delete and an insert never both land.
+async fn a_range_delete_races_inserts_into_its_range(catalog: &Catalog) {
+    let add = |id, table| batch([Op::Insert(Insert::data_files(&[file(id, table, None)]))]);
+    let delete = batch([Op::Delete(Delete::DataFileIdRange(1..=150))]);
+    let before = live_files(&catalog_rows(catalog).await);
     let read = catalog.snapshot().await.expect("snapshot");
     let tasks: Vec<_> = (0..8_i64)
         .map(|writer| {
-            let (catalog, read) = (catalog.clone(), read.clone());
+            let (catalog, read, delete) = (catalog.clone(), read.clone(), delete.clone());
             tokio::spawn(async move {
                 let work = match writer {
-                    3 => delete(1..=150),
+                    3 => delete,
                     _ if writer % 2 == 0 => add(100 + writer, 9),
                     _ => add(100 + writer, 70 + writer),
                 };
@@ -1043,10 +1065,11 @@ pub async fn an_id_range_delete_and_an_insert_into_its_range_never_both_commit(b
             winners.push(writer);
         }
     }
-    let live = live_files(&catalog_rows(&catalog).await);
+    let live = live_files(&catalog_rows(catalog).await);
     if winners.contains(&3) {
         assert_eq!(winners, vec![3], "inserts landed beside the range delete");
-        assert_eq!(live, vec![(9, 200)]);
+        let kept: Vec<(i64, i64)> = before.into_iter().filter(|(_, id)| *id > 150).collect();
+        assert_eq!(live, kept);
     } else {
         assert!(!winners.is_empty());
         for writer in &winners {

@@ -20,10 +20,10 @@ pub enum Error {
     #[error(transparent)]
     Validation(#[from] ValidationError),
     /// A commit lost to a concurrent one; nothing was written, and a retry may succeed.
-    #[error("write conflict: {detail}; nothing was written, retry the transaction")]
+    #[error("write conflict: {on}; nothing was written, retry the transaction")]
     CommitConflict {
         /// What the conflict was on.
-        detail: String,
+        on: ConflictOn,
     },
     /// The store failed while committing: the batch may or may not have been applied.
     #[error("commit outcome unknown: {reason}; re-read before retrying")]
@@ -49,7 +49,7 @@ pub enum Error {
     #[error("{what} not found")]
     NotFound {
         /// What was looked up.
-        what: String,
+        what: Named,
     },
     /// A write that was deliberately not committed (an upload without its commit marker).
     #[error("{reason}")]
@@ -58,12 +58,16 @@ pub enum Error {
         reason: String,
     },
     /// Something the request would create already exists.
-    #[error("{what}")]
+    #[error("{what} already exists; {remedy}")]
     AlreadyExists {
         /// What exists.
-        what: String,
+        what: Named,
+        /// What the client can do instead.
+        remedy: &'static str,
     },
-    /// A client request that cannot be carried out as sent.
+    /// A client request that cannot be carried out as sent, in a way no variant above names:
+    /// a bad user or token name or role, a path or upload of the wrong shape, a dump that
+    /// does not parse.
     #[error("{reason}")]
     InvalidRequest {
         /// What is wrong with it.
@@ -111,10 +115,48 @@ pub enum Error {
     },
     /// A statement ran past the server's statement timeout; what it would have written was
     /// not staged.
-    #[error("{what}")]
+    #[error(
+        "the statement ran longer than {} s, the server's statement timeout (serve \
+         --statement-timeout)",
+        after.as_secs()
+    )]
     Timeout {
-        /// Which limit, and how to raise it.
-        what: String,
+        /// The timeout.
+        after: std::time::Duration,
+    },
+    /// A part of a request that does not decode as what it must be.
+    #[error("{part} {problem}")]
+    Malformed {
+        /// Which part.
+        part: Part,
+        /// What is wrong with it, as the decoder tells it.
+        problem: String,
+    },
+    /// A call that does not fit what it names: a query sent as an update, a write statement
+    /// executed as a query.
+    #[error("{0}")]
+    WrongCall(&'static str),
+    /// A statement bound with the wrong number of parameters.
+    #[error("statement takes {takes} parameters, {bound} were bound")]
+    ParameterCount {
+        /// How many the statement takes.
+        takes: usize,
+        /// How many were bound.
+        bound: usize,
+    },
+    /// A query bound with more than one row of parameters.
+    #[error("a query binds one row of parameters, got {rows}")]
+    ParameterRows {
+        /// Rows bound.
+        rows: usize,
+    },
+    /// Rows that are not in a catalog table's canonical form.
+    #[error("rows for {table}: {problem}")]
+    BadRows {
+        /// The table.
+        table: crate::model::CatalogTable,
+        /// What does not fit.
+        problem: String,
     },
     /// A fault of the server itself, not of the request: logged with its account, and told
     /// to the client only as an internal error.
@@ -215,6 +257,219 @@ impl Limit {
     }
 }
 
+/// A named thing a request refers to. Client-given names are shown in part only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    /// A table of the catalog, as a query, path or ingest named it.
+    Table(String),
+    /// A table of the catalog, by what it is.
+    CatalogTable(crate::model::CatalogTable),
+    /// An upload path of the one-stream `DoPut`.
+    UploadPath(String),
+    /// A transaction, by the id the client sent.
+    Transaction(String),
+    /// A prepared statement, by its handle, and why it is not there.
+    PreparedStatement {
+        /// The handle as the client sent it.
+        handle: String,
+        /// "unknown or closed", "expired".
+        why: &'static str,
+    },
+    /// A token of the credentials file.
+    Token(String),
+    /// A user of a credentials file.
+    User {
+        /// The user's name.
+        name: String,
+        /// The file.
+        file: std::path::PathBuf,
+    },
+    /// A token of a credentials file, named from the command line.
+    TokenIn {
+        /// The token's name.
+        name: String,
+        /// The file.
+        file: std::path::PathBuf,
+    },
+}
+
+impl std::fmt::Display for Named {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tables = || {
+            crate::model::CatalogTable::ALL
+                .map(crate::model::CatalogTable::name)
+                .join(", ")
+        };
+        match self {
+            Named::Table(name) => write!(f, "table {:?} (served: {})", excerpt(name), tables()),
+            Named::CatalogTable(table) => write!(f, "table {table}"),
+            Named::UploadPath(path) => write!(
+                f,
+                "upload path {:?} (accepted: [\"ducklake_mapping\"] with rows in the shape of \
+                 DuckLake's mapping load query, [\"ducklake_data_file\"] with data-file rows, \
+                 [\"ducklake_commit\"] with both)",
+                excerpt(path)
+            ),
+            Named::Transaction(id) => write!(f, "transaction {}", excerpt(id)),
+            Named::PreparedStatement { handle, why } => {
+                write!(f, "prepared statement {} ({why})", excerpt(handle))
+            }
+            Named::Token(name) => write!(f, "token {}", excerpt(name)),
+            Named::User { name, file } => write!(f, "user {name} in {}", file.display()),
+            Named::TokenIn { name, file } => write!(f, "token {name} in {}", file.display()),
+        }
+    }
+}
+
+/// A part of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// A Flight ticket.
+    Ticket,
+    /// A Flight descriptor's command.
+    Descriptor,
+    /// A Flight action's body.
+    ActionBody,
+    /// The body of the admin action of this name.
+    AdminBody(String),
+    /// A batch of bound parameters.
+    Parameters,
+    /// The Arrow IPC stream of an upload.
+    Upload,
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Part::Ticket => f.write_str("the ticket"),
+            Part::Descriptor => f.write_str("the descriptor's command"),
+            Part::ActionBody => f.write_str("the action's body"),
+            Part::AdminBody(action) => write!(f, "{}: the body", excerpt(action)),
+            Part::Parameters => f.write_str("parameter batch"),
+            Part::Upload => f.write_str("the upload"),
+        }
+    }
+}
+
+/// What a commit conflicted on, in the catalog's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConflictOn {
+    /// A mapping, and what happened to it concurrently.
+    Mapping {
+        /// Its table.
+        table_id: i64,
+        /// Its id.
+        mapping_id: i64,
+        /// What happened to it.
+        change: Change,
+    },
+    /// A data file, and what happened to it concurrently.
+    DataFile {
+        /// Its table, when the key says it.
+        table_id: Option<i64>,
+        /// Its id.
+        data_file_id: i64,
+        /// What happened to it.
+        change: Change,
+    },
+    /// The rows of one table were acted on, or changed, concurrently.
+    TableRows {
+        /// Mapping or data-file rows.
+        rows: Rows,
+        /// The table.
+        table_id: i64,
+    },
+    /// Data files with ids from this one on changed concurrently.
+    DataFileIds {
+        /// The first id of the range.
+        from: i64,
+    },
+    /// The set of tables with rows of this kind changed concurrently.
+    Tables {
+        /// Mapping or data-file rows.
+        rows: Rows,
+    },
+    /// The store's own account, for a conflict on no key the catalog names.
+    Store(String),
+}
+
+/// What happened to a row concurrently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// It was created.
+    Created,
+    /// It was deleted.
+    Deleted,
+    /// It was changed.
+    Changed,
+    /// It was written (the store does not say how).
+    Written,
+}
+
+/// The rows of a catalog table kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// Column mappings with their name rows.
+    Mappings,
+    /// Data files.
+    DataFiles,
+}
+
+impl std::fmt::Display for ConflictOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConflictOn::Mapping {
+                table_id,
+                mapping_id,
+                change,
+            } => write!(f, "mapping {mapping_id} of table {table_id} {change}"),
+            ConflictOn::DataFile {
+                table_id: Some(table_id),
+                data_file_id,
+                change,
+            } => write!(f, "data file {data_file_id} of table {table_id} {change}"),
+            ConflictOn::DataFile {
+                table_id: None,
+                data_file_id,
+                change,
+            } => write!(f, "data file {data_file_id} {change}"),
+            ConflictOn::TableRows { rows, table_id } => {
+                write!(f, "the {rows} of table {table_id} changed concurrently")
+            }
+            ConflictOn::DataFileIds { from } => {
+                write!(
+                    f,
+                    "the data files with ids from {from} on changed concurrently"
+                )
+            }
+            ConflictOn::Tables { rows } => {
+                write!(f, "the {rows} of the catalog's tables changed concurrently")
+            }
+            ConflictOn::Store(detail) => f.write_str(detail),
+        }
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Change::Created => "was created concurrently",
+            Change::Deleted => "was deleted concurrently",
+            Change::Changed => "was changed concurrently",
+            Change::Written => "was written concurrently",
+        })
+    }
+}
+
+impl std::fmt::Display for Rows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Rows::Mappings => "mappings",
+            Rows::DataFiles => "data files",
+        })
+    }
+}
+
 /// How a query failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueryErrorKind {
@@ -241,5 +496,44 @@ mod tests {
             state: "is not open".into(),
         };
         assert!(err.to_string().len() < 200, "{err}");
+        // Names a client sent are cut where the message is made, whatever the call site.
+        for what in [
+            Named::Table("t".repeat(1 << 20)),
+            Named::Transaction("x".repeat(1 << 20)),
+            Named::Token("k".repeat(1 << 20)),
+            Named::UploadPath("p/".repeat(1 << 19)),
+        ] {
+            let err = Error::NotFound { what };
+            assert!(err.to_string().len() < 600, "{err}");
+        }
+        let err = Error::Malformed {
+            part: Part::AdminBody("a".repeat(1 << 20)),
+            problem: "is not JSON".into(),
+        };
+        assert!(err.to_string().len() < 200, "{err}");
+    }
+
+    #[test]
+    fn conflicts_name_the_row_and_what_happened_to_it() {
+        let err = Error::CommitConflict {
+            on: ConflictOn::Mapping {
+                table_id: 4,
+                mapping_id: 17,
+                change: Change::Deleted,
+            },
+        };
+        assert_eq!(
+            err.to_string(),
+            "write conflict: mapping 17 of table 4 was deleted concurrently; nothing was \
+             written, retry the transaction"
+        );
+        let on = ConflictOn::TableRows {
+            rows: Rows::Mappings,
+            table_id: 9,
+        };
+        assert_eq!(
+            on.to_string(),
+            "the mappings of table 9 changed concurrently"
+        );
     }
 }

@@ -89,25 +89,23 @@ impl RunningServer {
     /// Stops accepting, lets running calls finish, and waits for the server to end.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] when the server failed while running.
+    /// [`Error::Internal`] when the server failed while running.
     pub async fn shutdown(mut self) -> Result<()> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        (&mut self.task)
-            .await
-            .map_err(|err| Error::InvalidRequest {
-                reason: format!("server task failed: {err}"),
-            })?
+        (&mut self.task).await.map_err(|err| Error::Internal {
+            context: "running the server task",
+            reason: err.to_string(),
+        })?
     }
 
     /// Resolves when the server ends on its own, which it does only when it fails.
     async fn failed(&mut self) -> Result<()> {
-        (&mut self.task)
-            .await
-            .map_err(|err| Error::InvalidRequest {
-                reason: format!("server task failed: {err}"),
-            })?
+        (&mut self.task).await.map_err(|err| Error::Internal {
+            context: "running the server task",
+            reason: err.to_string(),
+        })?
     }
 }
 
@@ -522,9 +520,7 @@ pub async fn import(config: ImportConfig) -> Result<()> {
     for commit in &commits {
         let report = crate::write::commit_batch(&catalog, &commit.batch)
             .await
-            .map_err(|err| Error::InvalidRequest {
-                reason: format!("commit {}: {err}", commit.name),
-            })?;
+            .inspect_err(|err| tracing::error!(commit = %commit.name, "import refused: {err}"))?;
         tracing::info!(commit = %commit.name, summary = ?report.summary, "imported");
     }
     tracing::info!(commits = commits.len(), "import finished");

@@ -393,7 +393,7 @@ impl Transactions {
         };
         match owner {
             Some(owner) if Some(owner) != session => Err(Error::NotFound {
-                what: format!("transaction {}", crate::error::excerpt(&id.0)),
+                what: crate::error::Named::Transaction(id.0.clone()),
             }),
             _ => Ok(()),
         }

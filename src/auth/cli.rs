@@ -26,7 +26,10 @@ pub fn user(command: UserCommand) -> Result<()> {
         UserCommand::Remove { name, auth_file } => {
             if !super::remove(&auth_file, &name, false)? {
                 return Err(Error::NotFound {
-                    what: format!("user {name} in {}", auth_file.display()),
+                    what: crate::error::Named::User {
+                        name: name.clone(),
+                        file: auth_file.clone(),
+                    },
                 });
             }
             println!("user {name} removed from {}", auth_file.display());
@@ -76,7 +79,10 @@ pub fn token(command: TokenCommand) -> Result<()> {
         TokenCommand::Revoke { name, auth_file } => {
             if !super::remove(&auth_file, &name, true)? {
                 return Err(Error::NotFound {
-                    what: format!("token {name} in {}", auth_file.display()),
+                    what: crate::error::Named::TokenIn {
+                        name: name.clone(),
+                        file: auth_file.clone(),
+                    },
                 });
             }
             println!("token {name} revoked in {}", auth_file.display());

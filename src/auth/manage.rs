@@ -64,7 +64,7 @@ impl Authenticator {
             Ok(ended)
         } else {
             Err(Error::NotFound {
-                what: format!("token {shown}"),
+                what: crate::error::Named::Token(shown),
             })
         }
     }

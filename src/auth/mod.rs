@@ -461,7 +461,8 @@ pub fn create_token(
     let mut credentials = Credentials::load_or_default(path)?;
     if credentials.tokens.contains_key(name) {
         return Err(Error::AlreadyExists {
-            what: format!("token {name} already exists; revoke it first"),
+            what: crate::error::Named::Token(name.to_owned()),
+            remedy: "revoke it first",
         });
     }
     let token = new_token("mrt_")?;

@@ -15,13 +15,14 @@
 //! transactions inserting it anywhere collide on one key. Guard keys, one per table and row
 //! kind, are what a transaction that acts on a whole table range (DROP TABLE's end of every
 //! file, a delete of every row) writes and what every insert into that table checks, so the
-//! two conflict on every backend. Per row kind, a table-set key changes whenever a table gets
-//! its guard, and a range-holds key moves on whenever a statement acts on a key range rather
-//! than on whole tables (a range of ids, a filter on other columns). Such a statement moves
-//! on every guard in its span and depends on the table set; giving a table its guard depends
-//! on the range holds. So an insert into the range from any table, one with a guard or one
-//! getting its first, conflicts with the statement, and inserts into different tables never
-//! conflict with each other.
+//! two conflict on every backend. A table's mark says it has had rows of a kind; per row
+//! kind, a table-set key changes whenever a table gets its mark, and a range-holds key moves
+//! on whenever a statement acts on a key range rather than on whole tables (a range of ids, a
+//! filter on other columns). Such a statement moves on the guard of every marked table in its
+//! span and depends on the table set; marking a table depends on the range holds. So an
+//! insert into the range from any table, marked or getting its mark, conflicts with the
+//! statement, and inserts, even two first ones into one table, never conflict with each
+//! other (marks and the table set are written without depending on what was there).
 //!
 //! | kind             | subspace | tag  | components                 | value      |
 //! |------------------|----------|------|----------------------------|------------|
@@ -32,8 +33,10 @@
 //! | `DataFileById`   | index    | 0x03 | `data_file_id`             | `table_id` |
 //! | `MappingGuard`   | guard    | 0x01 | `table_id`                 | counter    |
 //! | `DataFileGuard`  | guard    | 0x02 | `table_id`                 | counter    |
-//! | `MappingTables`  | guard    | 0x11 | `0` table set, `1` holds   | see above  |
-//! | `DataFileTables` | guard    | 0x12 | `0` table set, `1` holds   | see above  |
+//! | `MappingTable`   | guard    | 0x11 | `table_id`                 | empty      |
+//! | `DataFileTable`  | guard    | 0x12 | `table_id`                 | empty      |
+//! | `MappingTableSet`| guard    | 0x21 | `0` table set, `1` holds   | see above  |
+//! | `DataFileTableSet`| guard   | 0x22 | `0` table set, `1` holds   | see above  |
 //!
 //! `DataFileByIdV1` is the data-file index of stores written before the index was unique;
 //! opening such a store moves its entries to `DataFileById` (see `catalog::upgrade`).
@@ -85,15 +88,19 @@ pub enum Kind {
     MappingGuard,
     /// The guard of a table's data files: key `table_id`, value a counter.
     DataFileGuard,
+    /// The mark of a table that has had mappings: key `table_id`, empty value.
+    MappingTable,
+    /// The mark of a table that has had data files: key `table_id`, empty value.
+    DataFileTable,
     /// The table set and the range holds of mapping tables: keys `0` and `1`.
-    MappingTables,
+    MappingTableSet,
     /// The table set and the range holds of data-file tables: keys `0` and `1`.
-    DataFileTables,
+    DataFileTableSet,
 }
 
 impl Kind {
     /// Every kind, in key order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Mapping,
         Kind::DataFile,
         Kind::MappingById,
@@ -101,8 +108,10 @@ impl Kind {
         Kind::DataFileById,
         Kind::MappingGuard,
         Kind::DataFileGuard,
-        Kind::MappingTables,
-        Kind::DataFileTables,
+        Kind::MappingTable,
+        Kind::DataFileTable,
+        Kind::MappingTableSet,
+        Kind::DataFileTableSet,
     ];
 
     /// The subspace this kind lives in.
@@ -113,8 +122,10 @@ impl Kind {
             Kind::MappingById | Kind::DataFileById | Kind::DataFileByIdV1 => Subspace::Index,
             Kind::MappingGuard
             | Kind::DataFileGuard
-            | Kind::MappingTables
-            | Kind::DataFileTables => Subspace::Guard,
+            | Kind::MappingTable
+            | Kind::DataFileTable
+            | Kind::MappingTableSet
+            | Kind::DataFileTableSet => Subspace::Guard,
         }
     }
 
@@ -125,8 +136,10 @@ impl Kind {
             Kind::Mapping | Kind::MappingById | Kind::MappingGuard => 0x01,
             Kind::DataFile | Kind::DataFileByIdV1 | Kind::DataFileGuard => 0x02,
             Kind::DataFileById => 0x03,
-            Kind::MappingTables => 0x11,
-            Kind::DataFileTables => 0x12,
+            Kind::MappingTable => 0x11,
+            Kind::DataFileTable => 0x12,
+            Kind::MappingTableSet => 0x21,
+            Kind::DataFileTableSet => 0x22,
         }
     }
 
@@ -138,8 +151,10 @@ impl Kind {
             Kind::DataFileById
             | Kind::MappingGuard
             | Kind::DataFileGuard
-            | Kind::MappingTables
-            | Kind::DataFileTables => 1,
+            | Kind::MappingTable
+            | Kind::DataFileTable
+            | Kind::MappingTableSet
+            | Kind::DataFileTableSet => 1,
         }
     }
 
@@ -159,6 +174,22 @@ impl Kind {
         }
     }
 
+    /// The table-mark kind of a row kind.
+    ///
+    /// # Panics
+    /// Never for a row kind; any other kind is a caller bug caught in debug builds.
+    #[must_use]
+    pub fn table_mark(self) -> Kind {
+        debug_assert!(
+            self.subspace() == Subspace::Current,
+            "only row kinds have table marks"
+        );
+        match self.counterpart_row() {
+            Kind::DataFile => Kind::DataFileTable,
+            _ => Kind::MappingTable,
+        }
+    }
+
     /// The table-set kind of a row kind.
     ///
     /// # Panics
@@ -170,8 +201,8 @@ impl Kind {
             "only row kinds have table sets"
         );
         match self.counterpart_row() {
-            Kind::DataFile => Kind::DataFileTables,
-            _ => Kind::MappingTables,
+            Kind::DataFile => Kind::DataFileTableSet,
+            _ => Kind::MappingTableSet,
         }
     }
 
@@ -190,11 +221,14 @@ impl Kind {
         match self {
             Kind::Mapping => Kind::MappingById,
             Kind::DataFile => Kind::DataFileById,
-            Kind::MappingById | Kind::MappingGuard | Kind::MappingTables => Kind::Mapping,
+            Kind::MappingById | Kind::MappingGuard | Kind::MappingTable | Kind::MappingTableSet => {
+                Kind::Mapping
+            }
             Kind::DataFileById
             | Kind::DataFileByIdV1
             | Kind::DataFileGuard
-            | Kind::DataFileTables => Kind::DataFile,
+            | Kind::DataFileTable
+            | Kind::DataFileTableSet => Kind::DataFile,
         }
     }
 
@@ -360,7 +394,7 @@ impl Keyspace {
     }
 
     /// The table-set key of row kind `kind`: it changes, to a value it never had before,
-    /// whenever one of the kind's tables gets its guard.
+    /// whenever one of the kind's tables gets its mark.
     #[must_use]
     pub fn table_set_key(&self, kind: Kind) -> Vec<u8> {
         self.row_key(kind.table_set(), TableId(0), 0)
@@ -368,17 +402,24 @@ impl Keyspace {
 
     /// The range-holds key of row kind `kind`: a counter that moves on whenever a statement
     /// holds a key range of the kind across tables. A transaction that gives a table its
-    /// guard depends on it.
+    /// mark depends on it.
     #[must_use]
     pub fn range_holds_key(&self, kind: Kind) -> Vec<u8> {
         self.row_key(kind.table_set(), TableId(1), 0)
     }
 
-    /// The guard keys of row kind `kind` for the tables `tables.start()..=tables.end()`: one
-    /// range.
+    /// The mark of table `table_id` of row kind `kind`: present once the table has had a
+    /// row of that kind.
     #[must_use]
-    pub fn guard_span(&self, kind: Kind, tables: RangeInclusive<i64>) -> KeyRange {
-        self.span(kind.guard(), tables)
+    pub fn table_mark_key(&self, kind: Kind, table_id: TableId) -> Vec<u8> {
+        self.row_key(kind.table_mark(), table_id, 0)
+    }
+
+    /// The table marks of row kind `kind` for the tables `tables.start()..=tables.end()`:
+    /// one range.
+    #[must_use]
+    pub fn table_mark_span(&self, kind: Kind, tables: RangeInclusive<i64>) -> KeyRange {
+        self.span(kind.table_mark(), tables)
     }
 
     /// Parses an index entry, key and value, into the row it points to.

@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 
 use super::service::MoraineSqlService;
 use crate::auth::{Role, Session};
-use crate::error::{Error, Result};
+use crate::error::{Error, Part, Result};
 
 /// Creates a token.
 pub(crate) const CREATE_TOKEN: &str = "CreateToken";
@@ -63,7 +63,7 @@ impl MoraineSqlService {
     /// Runs admin action `kind` with `body` for `session`; the result's JSON.
     ///
     /// # Errors
-    /// [`Error::PermissionDenied`] for a caller that is not an admin; [`Error::InvalidRequest`]
+    /// [`Error::PermissionDenied`] for a caller that is not an admin; [`Error::Malformed`]
     /// for a body that is not the action's JSON; as the token operations otherwise.
     pub(crate) async fn admin_action(
         &self,
@@ -142,11 +142,13 @@ fn parse_body(kind: &str, body: &[u8]) -> Result<Map<String, Value>> {
     }
     match serde_json::from_slice(body) {
         Ok(Value::Object(fields)) => Ok(fields),
-        Ok(_) => Err(Error::InvalidRequest {
-            reason: format!("{kind}: the body must be a JSON object"),
+        Ok(_) => Err(Error::Malformed {
+            part: Part::AdminBody(kind.to_owned()),
+            problem: "must be a JSON object".into(),
         }),
-        Err(err) => Err(Error::InvalidRequest {
-            reason: format!("{kind}: the body is not JSON: {err}"),
+        Err(err) => Err(Error::Malformed {
+            part: Part::AdminBody(kind.to_owned()),
+            problem: format!("is not JSON: {err}"),
         }),
     }
 }

@@ -129,8 +129,9 @@ fn info_with(
 ) -> Result<FlightInfo> {
     Ok(FlightInfo::new()
         .try_with_schema(schema)
-        .map_err(|err| Error::InvalidRequest {
-            reason: format!("result schema does not encode: {err}"),
+        .map_err(|err| Error::Internal {
+            context: "encoding a result schema",
+            reason: err.to_string(),
         })?
         .with_endpoint(endpoint)
         .with_descriptor(descriptor)

@@ -9,7 +9,7 @@ use super::service::MoraineSqlService;
 use super::upload::Upload;
 use crate::auth::{Role, Session};
 use crate::catalog::CatalogSnapshot;
-use crate::error::{Error, Result};
+use crate::error::{Error, Named, Result};
 use crate::model::CatalogTable;
 use crate::query::dml::WriteStatement;
 use crate::txn::TxnId;
@@ -65,10 +65,7 @@ impl MoraineSqlService {
             ),
             _ => {
                 return Err(Error::NotFound {
-                    what: format!(
-                        "upload path {:?} (accepted: [\"ducklake_mapping\"] with rows in the shape of DuckLake's mapping load query, [\"ducklake_data_file\"] with data-file rows, [\"ducklake_commit\"] with both)",
-                        crate::error::excerpt(&path.join("/")),
-                    ),
+                    what: Named::UploadPath(path.join("/")),
                 });
             }
         };
@@ -152,17 +149,14 @@ fn ingest_target(cmd: &CommandStatementIngest) -> Result<CatalogTable> {
             });
         }
         return Err(Error::NotFound {
-            what: format!(
-                "table {} (ingest appends to {})",
-                crate::error::excerpt(&cmd.table),
-                CatalogTable::ALL.map(CatalogTable::name).join(", ")
-            ),
+            what: Named::Table(cmd.table.clone()),
         });
     };
     match TableExistsOption::try_from(options.if_exists) {
         Ok(TableExistsOption::Append | TableExistsOption::Unspecified) | Err(_) => Ok(table),
         Ok(TableExistsOption::Fail) => Err(Error::AlreadyExists {
-            what: format!("table {table} exists; ingest into it with mode append"),
+            what: Named::CatalogTable(table),
+            remedy: "ingest into it with mode append",
         }),
         Ok(TableExistsOption::Replace) => Err(Error::Unsupported {
             what: format!(

@@ -19,7 +19,7 @@ use super::service::MoraineSqlService;
 use super::status::to_status;
 use super::tickets::TicketKind;
 use crate::batch::table_schema;
-use crate::error::{Error, Result};
+use crate::error::{Error, Named, Part, Result};
 use crate::model::CatalogTable;
 
 type Inner = MoraineSqlService;
@@ -41,11 +41,7 @@ impl MoraineFlightService {
 /// The table (and table id) a path descriptor names.
 fn table_of_path(path: &[String]) -> Result<TicketKind> {
     let unknown = || Error::NotFound {
-        what: format!(
-            "table {:?} (served: {})",
-            crate::error::excerpt(path.first().map(String::as_str).unwrap_or_default()),
-            CatalogTable::ALL.map(CatalogTable::name).join(", ")
-        ),
+        what: Named::Table(path.first().cloned().unwrap_or_default()),
     };
     match path {
         [table] => Ok(TicketKind::Table {
@@ -92,17 +88,19 @@ fn check_message(bytes: &[u8], carrier: Carrier) -> Result<()> {
     use arrow_flight::sql::{Any, Command};
     use prost::Message as _;
 
-    let what = match carrier {
-        Carrier::Descriptor => "the descriptor's command",
-        Carrier::Ticket => "the ticket",
-        Carrier::Action => "the action's body",
+    let part = match carrier {
+        Carrier::Descriptor => Part::Descriptor,
+        Carrier::Ticket => Part::Ticket,
+        Carrier::Action => Part::ActionBody,
     };
-    let any = Any::decode(bytes).map_err(|err| Error::InvalidRequest {
-        reason: format!("{what} is not a Flight SQL message: {err}"),
+    let any = Any::decode(bytes).map_err(|err| Error::Malformed {
+        part: part.clone(),
+        problem: format!("is not a Flight SQL message: {err}"),
     })?;
     match Command::try_from(any) {
-        Err(err) => Err(Error::InvalidRequest {
-            reason: format!("{what} does not decode: {err}"),
+        Err(err) => Err(Error::Malformed {
+            part: part.clone(),
+            problem: format!("does not decode: {err}"),
         }),
         Ok(Command::Unknown(any)) => match carrier {
             Carrier::Descriptor => Err(Error::Unsupported {
@@ -111,8 +109,9 @@ fn check_message(bytes: &[u8], carrier: Carrier) -> Result<()> {
                     crate::error::excerpt(&any.type_url)
                 ),
             }),
-            Carrier::Ticket => Err(Error::InvalidRequest {
-                reason: "the ticket is not one this server issued".into(),
+            Carrier::Ticket => Err(Error::Malformed {
+                part: part.clone(),
+                problem: "is not one this server issued".into(),
             }),
             // Actions of other kinds are refused by name by the dispatch.
             Carrier::Action => Ok(()),
@@ -127,9 +126,7 @@ fn table_info(
     descriptor: FlightDescriptor,
 ) -> Result<FlightInfo> {
     let TicketKind::Table { table, .. } = ticket else {
-        return Err(Error::InvalidRequest {
-            reason: "not a table ticket".into(),
-        });
+        return Err(Error::WrongCall("not a table ticket"));
     };
     sql.ticket_info(ticket, &table_schema(*table), descriptor)
 }
@@ -210,14 +207,13 @@ impl FlightService for MoraineFlightService {
                     &table_schema(table),
                     &datafusion::arrow::ipc::writer::IpcWriteOptions::default(),
                 ))
-                .map_err(|err| Error::InvalidRequest {
+                .map_err(|err| Error::Internal {
+                    context: "encoding a table's schema",
                     reason: err.to_string(),
                 })
             }
             TicketKind::Statement { .. } | TicketKind::Affected { .. } => {
-                Err(Error::InvalidRequest {
-                    reason: "not a table path".into(),
-                })
+                Err(Error::WrongCall("not a table path"))
             }
         });
         result.map(Response::new).map_err(|err| to_status(&err))

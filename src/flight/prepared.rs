@@ -199,11 +199,11 @@ impl Entry {
     }
 }
 
-fn not_found(handle: &[u8], why: &str) -> Error {
+fn not_found(handle: &[u8], why: &'static str) -> Error {
     Error::NotFound {
-        what: format!(
-            "prepared statement {} ({why})",
-            crate::error::excerpt(&String::from_utf8_lossy(handle))
-        ),
+        what: crate::error::Named::PreparedStatement {
+            handle: crate::error::excerpt(&String::from_utf8_lossy(handle)).into_owned(),
+            why,
+        },
     }
 }

@@ -35,7 +35,7 @@ use super::status::to_status;
 use super::tickets::{TicketKey, TicketKind, params_of_row};
 use super::upload::Upload;
 use crate::auth::{Authenticator, Role};
-use crate::error::{Error, Result};
+use crate::error::{Error, Part, Result};
 use crate::query::QueryEngine;
 use crate::txn::{Transactions, TxnId};
 
@@ -185,9 +185,9 @@ impl FlightSqlService for MoraineSqlService {
                 .get(&cmd.prepared_statement_handle, session.owner()),
         )?;
         if prepared.write.is_some() {
-            return Err(to_status(&Error::InvalidRequest {
-                reason: "a write statement runs at GetFlightInfo; read its count through the ticket that returns".into(),
-            }));
+            return Err(to_status(&Error::WrongCall(
+                "a write statement runs at GetFlightInfo; read its count through the ticket that returns",
+            )));
         }
         let txn = self.txn_of_prepared(&prepared, &session);
         let view = status(self.view(txn.as_ref()).await)?;
@@ -245,9 +245,9 @@ impl FlightSqlService for MoraineSqlService {
         )?;
         let txn = self.txn_of_prepared(&prepared, &session);
         let Some(write) = prepared.write else {
-            return Err(to_status(&Error::InvalidRequest {
-                reason: "a query is not an update; execute it as a query".into(),
-            }));
+            return Err(to_status(&Error::WrongCall(
+                "a query is not an update; execute it as a query",
+            )));
         };
         // Each parameter row runs the statement once; no rows runs it once with what is bound.
         let mut upload = Upload::new(request.into_inner());
@@ -350,8 +350,9 @@ impl FlightSqlService for MoraineSqlService {
         // A query binds one row: a stream of more is refused as soon as it shows, unread.
         let mut batches: Vec<RecordBatch> = Vec::new();
         while let Some(batch) = stream.try_next().await.map_err(|err| {
-            to_status(&Error::InvalidRequest {
-                reason: format!("parameter batch does not decode: {err}"),
+            to_status(&Error::Malformed {
+                part: Part::Parameters,
+                problem: format!("does not decode: {err}"),
             })
         })? {
             batches.push(batch);
@@ -363,19 +364,14 @@ impl FlightSqlService for MoraineSqlService {
         let values = match batches.iter().find(|b| b.num_rows() > 0) {
             Some(batch) if rows == 1 => status(params_of_row(batch, 0))?,
             Some(_) => {
-                return Err(to_status(&Error::InvalidRequest {
-                    reason: format!("a query binds one row of parameters, got {rows}"),
-                }));
+                return Err(to_status(&Error::ParameterRows { rows }));
             }
             None => Vec::new(),
         };
         if values.len() != prepared.parameters.fields().len() {
-            return Err(to_status(&Error::InvalidRequest {
-                reason: format!(
-                    "statement takes {} parameters, {} were bound",
-                    prepared.parameters.fields().len(),
-                    values.len()
-                ),
+            return Err(to_status(&Error::ParameterCount {
+                takes: prepared.parameters.fields().len(),
+                bound: values.len(),
             }));
         }
         status(self.prepared.bind(&handle, session.owner(), values))?;

@@ -69,7 +69,13 @@ fn code_of(err: &Error) -> Code {
         Error::LimitExceeded { .. } => Code::ResourceExhausted,
         Error::NotFound { .. } => Code::NotFound,
         Error::AlreadyExists { .. } => Code::AlreadyExists,
-        Error::InvalidRequest { .. } | Error::Config { .. } => Code::InvalidArgument,
+        Error::InvalidRequest { .. }
+        | Error::Malformed { .. }
+        | Error::WrongCall(_)
+        | Error::ParameterCount { .. }
+        | Error::ParameterRows { .. }
+        | Error::BadRows { .. }
+        | Error::Config { .. } => Code::InvalidArgument,
         Error::Internal { .. } => Code::Internal,
         Error::Timeout { .. } => Code::DeadlineExceeded,
         Error::Unauthenticated { .. } => Code::Unauthenticated,

@@ -18,7 +18,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use prost::Message as _;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Part, Result};
 use crate::model::CatalogTable;
 
 const MAGIC: &[u8] = b"mrn";
@@ -144,32 +144,30 @@ impl TicketKind {
     /// Parses a ticket signed with `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] for bytes that are not a ticket this server issued.
+    /// [`Error::Malformed`] for bytes that are not a ticket this server issued.
     pub fn decode(bytes: &[u8], key: &TicketKey) -> Result<Self> {
         let (signed, tag) = bytes
             .split_at_checked(bytes.len().saturating_sub(MAC_LEN))
             .filter(|(signed, _)| signed.len() > MAGIC.len())
-            .ok_or_else(|| invalid("not a moraine ticket".into()))?;
+            .ok_or_else(|| ticket("is not a moraine ticket"))?;
         let mut mac = key.mac();
         hmac::Mac::update(&mut mac, signed);
         if hmac::Mac::verify_slice(mac, tag).is_err() {
-            return Err(invalid(
-                "the ticket is not one this server issued (its signature does not match)".into(),
+            return Err(ticket(
+                "is not one this server issued (its signature does not match)",
             ));
         }
         let rest = signed
             .strip_prefix(MAGIC)
-            .ok_or_else(|| invalid("not a moraine ticket".into()))?;
-        let (&version, body) = rest
-            .split_first()
-            .ok_or_else(|| invalid("truncated ticket".into()))?;
+            .ok_or_else(|| ticket("is not a moraine ticket"))?;
+        let (&version, body) = rest.split_first().ok_or_else(|| ticket("is truncated"))?;
         if version != VERSION {
-            return Err(invalid(format!(
-                "ticket version {version} is not supported (this server issues {VERSION})"
+            return Err(ticket(format!(
+                "has version {version}, which is not supported (this server issues {VERSION})"
             )));
         }
         let body =
-            TicketBody::decode(body).map_err(|err| invalid(format!("malformed ticket: {err}")))?;
+            TicketBody::decode(body).map_err(|err| ticket(format!("is malformed: {err}")))?;
         match (body.sql, body.table) {
             (Some(sql), None) => Ok(TicketKind::Statement {
                 sql,
@@ -180,19 +178,35 @@ impl TicketKind {
                 rows: body.affected.unwrap_or_default(),
             }),
             (None, Some(table)) => Ok(TicketKind::Table {
-                table: CatalogTable::from_name(&table)
-                    .ok_or_else(|| invalid(format!("ticket names unknown table {table}")))?,
+                table: CatalogTable::from_name(&table).ok_or_else(|| {
+                    ticket(format!(
+                        "names unknown table {}",
+                        crate::error::excerpt(&table)
+                    ))
+                })?,
                 table_id: body.table_id,
             }),
-            _ => Err(invalid(
-                "malformed ticket: neither a query nor a table".into(),
-            )),
+            _ => Err(ticket("is malformed: neither a query nor a table")),
         }
     }
 }
 
 fn invalid(reason: String) -> Error {
     Error::InvalidRequest { reason }
+}
+
+fn ticket(problem: impl Into<String>) -> Error {
+    Error::Malformed {
+        part: Part::Ticket,
+        problem: problem.into(),
+    }
+}
+
+fn parameters(problem: String) -> Error {
+    Error::Malformed {
+        part: Part::Parameters,
+        problem,
+    }
 }
 
 fn encode_params(params: &[ScalarValue]) -> Result<Vec<u8>> {
@@ -226,11 +240,11 @@ fn decode_params(bytes: &[u8]) -> Result<Vec<ScalarValue>> {
     if bytes.is_empty() {
         return Ok(Vec::new());
     }
-    let bad = |err: &dyn std::fmt::Display| invalid(format!("malformed ticket parameters: {err}"));
+    let bad = |err: &dyn std::fmt::Display| ticket(format!("has malformed parameters: {err}"));
     let mut reader = StreamReader::try_new(bytes, None).map_err(|e| bad(&e))?;
     let batch = reader
         .next()
-        .ok_or_else(|| invalid("malformed ticket parameters: no row".into()))?
+        .ok_or_else(|| ticket("has malformed parameters: no row"))?
         .map_err(|e| bad(&e))?;
     params_of_row(&batch, 0)
 }
@@ -238,11 +252,11 @@ fn decode_params(bytes: &[u8]) -> Result<Vec<ScalarValue>> {
 /// The values of row `row` of a parameter batch, in column order.
 ///
 /// # Errors
-/// [`Error::InvalidRequest`] when the row does not exist or a value cannot be read.
+/// [`Error::Malformed`] when the row does not exist or a value cannot be read.
 pub fn params_of_row(batch: &RecordBatch, row: usize) -> Result<Vec<ScalarValue>> {
     if row >= batch.num_rows() {
-        return Err(invalid(format!(
-            "parameter row {row} does not exist in a batch of {} rows",
+        return Err(parameters(format!(
+            "has no row {row}, only {} rows",
             batch.num_rows()
         )));
     }
@@ -251,7 +265,7 @@ pub fn params_of_row(batch: &RecordBatch, row: usize) -> Result<Vec<ScalarValue>
         .iter()
         .map(|column| {
             ScalarValue::try_from_array(column, row)
-                .map_err(|err| invalid(format!("parameter does not decode: {err}")))
+                .map_err(|err| parameters(format!("does not decode: {err}")))
         })
         .collect()
 }
@@ -291,7 +305,7 @@ mod tests {
         let key = TicketKey::random().expect("key");
         assert!(matches!(
             TicketKind::decode(b"hello", &key),
-            Err(Error::InvalidRequest { .. })
+            Err(Error::Malformed { .. })
         ));
         let ticket = TicketKind::Statement {
             sql: "SELECT 1".into(),

@@ -18,7 +18,7 @@ use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use tonic::Status;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Part, Result};
 use crate::write::Op;
 use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
 
@@ -357,14 +357,16 @@ impl Upload {
     /// The next record batch, or `None` at the end of the stream.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] when the stream fails or does not decode.
+    /// [`Error::InvalidRequest`] when the stream fails, [`Error::Malformed`] when it does not
+    /// decode.
     pub(crate) async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         self.batches.try_next().await.map_err(|err| match err {
             FlightError::Tonic(status) => Error::InvalidRequest {
                 reason: format!("the upload failed: {}", status.message()),
             },
-            other => Error::InvalidRequest {
-                reason: format!("the upload does not decode as Arrow IPC: {other}"),
+            other => Error::Malformed {
+                part: Part::Upload,
+                problem: format!("does not decode as Arrow IPC: {other}"),
             },
         })
     }

@@ -113,13 +113,7 @@ pub fn with_deadline(
         tokio::select! {
             biased;
             () = &mut deadline => {
-                let err = Error::Timeout {
-                    what: format!(
-                        "the statement ran longer than {} s, the server's statement timeout \
-                         (serve --statement-timeout)",
-                        timeout.as_secs()
-                    ),
-                };
+                let err = Error::Timeout { after: timeout };
                 Some((Err(DataFusionError::External(Box::new(err))), None))
             }
             next = stream.next() => next.map(|item| (item, Some((stream, deadline)))),

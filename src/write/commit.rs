@@ -5,7 +5,7 @@ pub use super::stage::PlanSummary;
 use super::stage::Staging;
 use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::codec::Kind;
-use crate::error::{Error, Result};
+use crate::error::{Change, ConflictOn, Error, Result, Rows};
 use crate::kv::{CommitOutcome, Conflict};
 use crate::model::ValidationError;
 
@@ -64,60 +64,66 @@ pub async fn commit(catalog: &Catalog, staging: Staging) -> Result<CommitReport>
     match catalog.store().commit_staged(writes).await? {
         CommitOutcome::Committed => Ok(CommitReport { affected, summary }),
         CommitOutcome::Conflict(conflict) => Err(Error::CommitConflict {
-            detail: describe(catalog, &conflict),
+            on: describe(catalog, &conflict),
         }),
         CommitOutcome::Unknown { reason } => Err(Error::CommitUnknown { reason }),
     }
 }
 
 /// The conflict in the catalog's terms: which mapping, data file or table changed underneath.
-fn describe(catalog: &Catalog, conflict: &Conflict) -> String {
-    let (key, what) = match conflict {
-        Conflict::AlreadyExists { key } => (key, "was created concurrently"),
-        Conflict::Missing { key } => (key, "was deleted concurrently"),
-        Conflict::Changed { key } => (key, "was changed concurrently"),
-        Conflict::RangeChanged { start, .. } => (start, "changed concurrently"),
-        Conflict::WriteConflict { key: Some(key) } => (key, "was written concurrently"),
-        Conflict::WriteConflict { key: None } => return conflict.to_string(),
+fn describe(catalog: &Catalog, conflict: &Conflict) -> ConflictOn {
+    let (key, change) = match conflict {
+        Conflict::AlreadyExists { key } => (key, Change::Created),
+        Conflict::Missing { key } => (key, Change::Deleted),
+        Conflict::Changed { key } | Conflict::RangeChanged { start: key, .. } => {
+            (key, Change::Changed)
+        }
+        Conflict::WriteConflict { key: Some(key) } => (key, Change::Written),
+        Conflict::WriteConflict { key: None } => return ConflictOn::Store(conflict.to_string()),
     };
     let keyspace = catalog.keyspace();
     let Ok((kind, first)) = keyspace.decode_head(key) else {
-        return conflict.to_string();
+        return ConflictOn::Store(conflict.to_string());
     };
     let row = keyspace.decode(key).ok();
-    let (table, id) = match row {
-        Some(row) => (Some(row.table_id), row.id),
-        None => (None, first),
+    let rows = match kind {
+        Kind::Mapping
+        | Kind::MappingById
+        | Kind::MappingGuard
+        | Kind::MappingTable
+        | Kind::MappingTableSet => Rows::Mappings,
+        _ => Rows::DataFiles,
     };
-    match (kind, conflict, table) {
+    match (kind, conflict, row) {
         (Kind::DataFileById, Conflict::RangeChanged { .. }, _) => {
-            format!("the data files with ids from {first} on {what}")
+            ConflictOn::DataFileIds { from: first }
         }
-        (Kind::MappingTables | Kind::DataFileTables, ..) => {
-            // The table set moves when a table gets its guard and when a statement acts on
-            // a key range across tables: the two raced.
-            format!(
-                "the {} of the catalog's tables changed concurrently",
-                rows_of(kind)
-            )
-        }
+        // The table set moves when a table gets its mark and when a statement acts on a
+        // key range across tables: the two raced.
+        (
+            Kind::MappingTable
+            | Kind::DataFileTable
+            | Kind::MappingTableSet
+            | Kind::DataFileTableSet,
+            ..,
+        ) => ConflictOn::Tables { rows },
+        // A guard changes when a statement acts on its table whole; whatever the backend's
+        // account, the table's rows changed under the transaction.
         (_, Conflict::RangeChanged { .. }, _) | (Kind::MappingGuard | Kind::DataFileGuard, ..) => {
-            // A guard changes when a statement acts on its table whole; whatever the
-            // backend's account, the table's rows changed under the transaction.
-            format!("the {} of table {first} changed concurrently", rows_of(kind))
+            ConflictOn::TableRows {
+                rows,
+                table_id: first,
+            }
         }
-        (Kind::Mapping | Kind::MappingById, _, Some(table)) => {
-            format!("mapping {id} of table {table} {what}")
-        }
-        (_, _, Some(table)) => format!("data file {id} of table {table} {what}"),
-        (_, _, None) => format!("data file {id} {what}"),
-    }
-}
-
-/// What the rows of a kind, or those an index, guard or table set is about, are called.
-fn rows_of(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Mapping | Kind::MappingById | Kind::MappingGuard | Kind::MappingTables => "mappings",
-        _ => "data files",
+        (Kind::Mapping | Kind::MappingById, _, Some(row)) => ConflictOn::Mapping {
+            table_id: row.table_id.0,
+            mapping_id: row.id,
+            change,
+        },
+        (_, _, row) => ConflictOn::DataFile {
+            table_id: row.map(|row| row.table_id.0),
+            data_file_id: row.map_or(first, |row| row.id),
+            change,
+        },
     }
 }

@@ -115,12 +115,11 @@ impl Insert {
     /// Rows of `table`, which must be canonical for it.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] when they are not.
+    /// [`Error::BadRows`] when they are not.
     pub fn new(table: CatalogTable, rows: RecordBatch) -> Result<Self> {
-        crate::batch::Columns::new(&rows, table.columns()).map_err(|err| {
-            Error::InvalidRequest {
-                reason: format!("rows for {table}: {err}"),
-            }
+        crate::batch::Columns::new(&rows, table.columns()).map_err(|err| Error::BadRows {
+            table,
+            problem: err.to_string(),
         })?;
         Ok(Self { table, rows })
     }

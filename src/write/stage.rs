@@ -379,7 +379,11 @@ fn key_into(out: &mut Vec<u8>, keyspace: &Keyspace, kind: Kind, table_id: i64, i
 
 /// The tables whose rows of row kind `kind` a range of those rows, or of their index, may
 /// hold: every table for a range of the index, else those from the range's start to its end.
-fn tables_spanned(keyspace: &Keyspace, kind: Kind, range: &KeyRange) -> std::ops::RangeInclusive<i64> {
+fn tables_spanned(
+    keyspace: &Keyspace,
+    kind: Kind,
+    range: &KeyRange,
+) -> std::ops::RangeInclusive<i64> {
     let table = |bound: &[u8]| match keyspace.decode_head(bound) {
         Ok((found, table)) if found == kind => Some(table),
         _ => None,
@@ -395,56 +399,74 @@ fn as_read(value: Option<&[u8]>) -> Requirement {
 }
 
 fn canonical(insert: &Insert) -> Result<Columns<'_>> {
-    Columns::new(insert.rows(), insert.table().columns()).map_err(|err| Error::InvalidRequest {
-        reason: format!("rows for {}: {err}", insert.table()),
+    Columns::new(insert.rows(), insert.table().columns()).map_err(|err| Error::BadRows {
+        table: insert.table(),
+        problem: err.to_string(),
     })
 }
 
 impl Staging {
     /// Makes the commit depend on the guards of the tables of row kind `kind` that `tables`
     /// inserts into: a concurrent commit that acted on a whole table (and so changed its
-    /// guard) then conflicts with this one. A table without a guard gets one here, and the
-    /// kind's table set moves on with it: a concurrent statement on a key range moves on the
-    /// guards it finds and the table set, so it conflicts with an insert into any table.
-    /// Each table's guard is read once per transaction.
+    /// guard) then conflicts with this one. A table without its mark gets it here, and the
+    /// kind's table set changes with it: a concurrent statement on a key range moves on the
+    /// guards of the tables marked in its view and depends on the table set, so it conflicts
+    /// with an insert into any table. Each table's guard is read once per transaction.
     async fn guard_inserts(&mut self, kind: Kind, tables: impl Iterator<Item = i64>) -> Result<()> {
         let keyspace = self.base.keyspace().clone();
         let mut tables: Vec<i64> = tables.collect();
         tables.sort_unstable();
         tables.dedup();
-        let keys: Vec<Vec<u8>> = tables
+        // A table's guard and mark are decided together, the first time the transaction
+        // inserts into the table.
+        let tables: Vec<TableId> = tables
             .into_iter()
-            .map(|table| keyspace.guard_key(kind, TableId(table)))
-            .filter(|key| self.writes.get(key).is_none())
+            .map(TableId)
+            .filter(|table| self.writes.get(&keyspace.guard_key(kind, *table)).is_none())
             .collect();
-        if keys.is_empty() {
+        if tables.is_empty() {
             return Ok(());
         }
+        let keys: Vec<Vec<u8>> = tables
+            .iter()
+            .flat_map(|table| {
+                [
+                    keyspace.guard_key(kind, *table),
+                    keyspace.table_mark_key(kind, *table),
+                ]
+            })
+            .collect();
         let values = self.base.values(&keys).await?;
-        let mut created = Vec::new();
+        let mut marked = false;
         let (writes, undo, _, _) = self.parts();
-        for (key, value) in keys.into_iter().zip(values) {
-            match value {
-                Some(value) => writes.require(Bytes::from(key), as_read(Some(&value)), undo),
-                None => created.push(key),
+        for (keys, values) in keys.chunks_exact(2).zip(values.chunks_exact(2)) {
+            let ([guard, mark], [guard_value, mark_value]) = (keys, values) else {
+                continue;
+            };
+            writes.require(
+                Bytes::from(guard.clone()),
+                as_read(guard_value.as_deref()),
+                undo,
+            );
+            if mark_value.is_none() && writes.read(mark).is_none() {
+                writes.put(Bytes::from(mark.clone()), Bytes::new(), undo)?;
+                marked = true;
             }
         }
-        if !created.is_empty() {
-            self.move_on(created).await?;
-            self.new_guards(kind).await?;
+        if marked {
+            self.marked_tables(kind).await?;
         }
         Ok(())
     }
 
-    /// Records that the transaction gives tables of row kind `kind` their guards: the kind's
-    /// table set changes, to a value never written before (so two transactions doing this
-    /// do not conflict), and the commit depends on the kind's range holds being as read, so a
+    /// Records that the transaction marks tables of row kind `kind`: the kind's table set
+    /// changes, to a value never written before (so two transactions doing this do not
+    /// conflict), and the commit depends on the kind's range holds being as read, so a
     /// concurrent statement holding a key range across tables, which could not see the new
-    /// guards, conflicts with it whichever commits first.
-    async fn new_guards(&mut self, kind: Kind) -> Result<()> {
+    /// marks, conflicts with it whichever commits first.
+    async fn marked_tables(&mut self, kind: Kind) -> Result<()> {
         let keyspace = self.base.keyspace().clone();
-        let holds = keyspace.range_holds_key(kind);
-        self.depend_on(holds).await?;
+        self.depend_on(keyspace.range_holds_key(kind)).await?;
         let fresh = crate::auth::random_bytes::<16>()?;
         let (writes, undo, _, _) = self.parts();
         writes.put(
@@ -469,17 +491,16 @@ impl Staging {
 
     /// Moves each of `keys` (guards, range holds) on: the commit requires it as the
     /// transaction read it and writes the next count, so that a concurrent commit depending
-    /// on it or moving it conflicts with this one whichever commits first. Returns whether
-    /// one of them had no count yet in the transaction's view.
-    async fn move_on(&mut self, keys: Vec<Vec<u8>>) -> Result<bool> {
+    /// on it or moving it conflicts with this one whichever commits first.
+    async fn move_on(&mut self, keys: Vec<Vec<u8>>) -> Result<()> {
         let unread: Vec<Vec<u8>> = keys
             .iter()
             .filter(|key| self.writes.read(key).is_none())
             .cloned()
             .collect();
         let values = self.base.values(&unread).await?;
-        let mut stored: HashMap<Vec<u8>, Option<Vec<u8>>> = unread.into_iter().zip(values).collect();
-        let mut created = false;
+        let mut stored: HashMap<Vec<u8>, Option<Vec<u8>>> =
+            unread.into_iter().zip(values).collect();
         let (writes, undo, _, _) = self.parts();
         for key in keys {
             let now = if let Some(staged) = writes.read(&key) {
@@ -489,7 +510,6 @@ impl Staging {
                 writes.require(Bytes::from(key.clone()), as_read(stored.as_deref()), undo);
                 stored
             };
-            created |= now.is_none();
             let count = now
                 .as_deref()
                 .and_then(|value| <[u8; 8]>::try_from(value).ok())
@@ -497,15 +517,14 @@ impl Staging {
             let next = Bytes::copy_from_slice(&count.wrapping_add(1).to_be_bytes());
             writes.put(Bytes::from(key), next, undo)?;
         }
-        Ok(created)
+        Ok(())
     }
 
     /// The rows of row kind `kind` in `tables`, as the transaction sees them, for a change
     /// that acts on those tables whole (a delete of every row, the end of every file). The
     /// commit then requires each table's range to hold what the snapshot held, and moves each
     /// table's guard on, so that a concurrent insert, change or delete there conflicts with
-    /// it, whichever commits first. A guard made here changes the kind's table set, as an
-    /// insert's does.
+    /// it, whichever commits first.
     async fn hold_tables(
         &mut self,
         kind: Kind,
@@ -525,37 +544,36 @@ impl Staging {
             .iter()
             .map(|table| keyspace.guard_key(kind, *table))
             .collect();
-        if self.move_on(guards).await? {
-            self.new_guards(kind).await?;
-        }
+        self.move_on(guards).await?;
         Ok(rows)
     }
 
     /// Holds key ranges of rows of row kind `kind`, or of its index, read whole by a
     /// statement that does not act on whole tables (a range of ids, a filter on other
     /// columns). Each range must hold at the commit what the snapshot held. On TiKV only keys
-    /// two transactions both write or lock collide, so the statement also moves on every
-    /// guard of the tables the ranges span (all of them, for a range of the index) and the
-    /// kind's range holds, and depends on the kind's table set: an insert into a table with a
-    /// guard depends on that guard, and one giving a table its guard changes the table set
-    /// and depends on the range holds, so either conflicts with the statement whichever
-    /// commits first.
+    /// two transactions both write or lock collide, so the statement also moves on the guard
+    /// of every table marked in the span of the ranges (every table, for a range of the
+    /// index) and the kind's range holds, and depends on the kind's table set: an insert into
+    /// a marked table depends on that table's guard, and one marking a table changes the
+    /// table set and depends on the range holds, so either conflicts with the statement
+    /// whichever commits first.
     async fn hold_ranges(&mut self, kind: Kind, ranges: &[KeyRange]) -> Result<()> {
         let keyspace = self.base.keyspace().clone();
-        let mut keys = BTreeSet::new();
+        let mut guards = BTreeSet::new();
         for range in ranges {
             let (digest, _) = self.read_range(range, false).await?;
             let (writes, undo, _, _) = self.parts();
             writes.require_range(range.clone(), digest, undo);
-            let span = keyspace.guard_span(kind, tables_spanned(&keyspace, kind, range));
-            keys.extend(self.read_range(&span, true).await?.1);
+            let marks = keyspace.table_mark_span(kind, tables_spanned(&keyspace, kind, range));
+            for mark in self.read_range(&marks, true).await?.1 {
+                let (_, table) = keyspace.decode_head(&mark)?;
+                guards.insert(keyspace.guard_key(kind, TableId(table)));
+            }
         }
-        let table_set = keyspace.table_set_key(kind);
-        self.depend_on(table_set).await?;
-        let mut keys: Vec<Vec<u8>> = keys.into_iter().map(|key| key.to_vec()).collect();
+        self.depend_on(keyspace.table_set_key(kind)).await?;
+        let mut keys: Vec<Vec<u8>> = guards.into_iter().collect();
         keys.push(keyspace.range_holds_key(kind));
-        self.move_on(keys).await?;
-        Ok(())
+        self.move_on(keys).await
     }
 
     /// What the transaction sees in `range`: the digest of what the snapshot holds there
@@ -625,7 +643,7 @@ impl Staging {
     ///
     /// # Errors
     /// [`Error::Kv`] or [`Error::Codec`] when reading the snapshot fails, and
-    /// [`Error::InvalidRequest`] for rows that are not canonical for their table.
+    /// [`Error::BadRows`] for rows that are not canonical for their table.
     pub async fn apply(&mut self, op: &Op, violations: &mut Vec<Violation>) -> Result<u64> {
         let affected = match op {
             Op::Insert(insert) => match insert.table() {
