@@ -1,28 +1,37 @@
 //! Write statements (`INSERT`, `DELETE`, `UPDATE`) turned into staged changes.
 //!
-//! A statement's rows are found by running a query derived from it through DataFusion,
+//! A statement is checked for the shapes the catalog takes, then planned by DataFusion as
+//! what it is (`LogicalPlan::Dml`), and its rows are found by running that plan's input
 //! against the view it writes to (the latest state, or a transaction's view of its own staged
-//! changes): `DELETE FROM t WHERE p` reads the keys `SELECT key FROM t WHERE p` returns, and
-//! deletes exactly those; `UPDATE ducklake_data_file SET end_snapshot = e WHERE p` reads the
-//! matching files with the value of `e`; `INSERT INTO t [(cols)] <query>` runs the query.
+//! changes): for `DELETE FROM t WHERE p` the filtered scan, of which the keys are read and
+//! exactly those deleted; for `UPDATE ducklake_data_file SET end_snapshot = e WHERE p` the
+//! filtered scan with each file's current `end_snapshot` and the value of `e`. `INSERT INTO t
+//! [(cols)] <query>` runs DataFusion's plan of the query, its columns named by the table's
+//! columns they go to, but not DataFusion's INSERT plan: that casts every value to its
+//! column's type (and types `VALUES` by the columns), so a value that does not fit would fail
+//! as an Arrow cast naming neither column nor row; the catalog's own decoder checks each value
+//! instead, and names both.
 //! Filters on `table_id`, `mapping_id` and `data_file_id` reach the scans as key ranges, as for
 //! any query. What the query's scans read is held until the commit ([`Hold`]), so that a
 //! concurrent change there conflicts with the statement. The changes are then staged and
 //! validated like any other.
 
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
 use datafusion::arrow::array::AsArray as _;
-use datafusion::arrow::datatypes::{Field, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::logical_expr::{Expr, ExprSchemable as _, LogicalPlan, LogicalPlanBuilder, col};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    AssignmentTarget, Delete, Expr, FromTable, Insert, ObjectName, Statement, TableFactor,
-    TableObject, TableWithJoins, Update as SqlUpdate,
+    AssignmentTarget, Delete, Expr as SqlExpr, FromTable, Ident, Insert, ObjectName, Statement,
+    TableFactor, TableObject, TableWithJoins, Update as SqlUpdate, visit_expressions_mut,
 };
 use futures::TryStreamExt as _;
-use std::sync::Arc;
 
 use super::scan::CatalogScanExec;
 use super::{QueryEngine, from_datafusion, rewrite};
@@ -37,18 +46,20 @@ use crate::write::{Delete as DeleteOp, EndTarget, Hold, Op, Update};
 pub struct WriteStatement {
     table: CatalogTable,
     action: Action,
-    /// The query that finds the statement's rows (placeholders numbered as in the statement).
-    query: String,
+    /// What DataFusion plans (normalized, placeholders numbered): the statement, or an
+    /// INSERT's source query; `None` for a refused statement.
+    statement: Option<Box<Statement>>,
 }
 
 #[derive(Debug, Clone)]
 enum Action {
     Delete,
-    /// `SET end_snapshot = <value>`: the query returns `data_file_id, end_snapshot, value`.
+    /// `SET end_snapshot = <value>`: the rows are `data_file_id, end_snapshot, value`.
     EndDataFiles,
     /// Refused when staged, with this change's violation.
     Refused(Op),
-    /// The query returns the rows; the named columns, or all of the table's, in order.
+    /// The rows are the source query's; its columns go to the named columns, or all of the
+    /// table's, in order.
     Insert {
         columns: Vec<String>,
     },
@@ -86,13 +97,12 @@ fn table_of(name: &ObjectName) -> Result<CatalogTable> {
     table
         .and_then(|t| CatalogTable::from_name(t))
         .ok_or_else(|| Error::NotFound {
-            what: format!("table {}", crate::error::excerpt(&name.to_string())),
+            what: crate::error::Named::Table(name.to_string()),
         })
 }
 
-/// The one plain table a statement writes: its catalog table, the text to read it by in the
-/// derived query (with its alias) and the name to qualify its columns with.
-fn target(from: &[TableWithJoins]) -> Result<(CatalogTable, String, String)> {
+/// The one plain table a statement writes, and its alias.
+fn target(from: &[TableWithJoins]) -> Result<(CatalogTable, Option<String>)> {
     let [from] = from else {
         return Err(unsupported(
             "a write statement over more than one table is not supported".into(),
@@ -109,22 +119,35 @@ fn target(from: &[TableWithJoins]) -> Result<(CatalogTable, String, String)> {
             from.relation
         )));
     };
-    let table = table_of(name)?;
-    let qualifier = alias
-        .as_ref()
-        .map_or_else(|| table.name().to_owned(), |a| a.name.to_string());
-    let relation = match alias {
-        Some(alias) => format!("{} AS {}", table.name(), alias.name),
-        None => table.name().to_owned(),
-    };
-    Ok((table, relation, qualifier))
+    Ok((
+        table_of(name)?,
+        alias.as_ref().map(|a| a.name.value.clone()),
+    ))
 }
 
-fn where_clause(selection: Option<&Expr>) -> String {
-    selection.map(|e| format!(" WHERE {e}")).unwrap_or_default()
+/// `delete` with its table's alias (DuckLake's orphan sweep has one) replaced by the table's
+/// name, which is what DataFusion's DELETE plan qualifies the table's columns with.
+fn without_alias(delete: &mut Delete, table: CatalogTable, alias: &str) {
+    let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &mut delete.from;
+    for from in from.iter_mut() {
+        if let TableFactor::Table { alias: slot, .. } = &mut from.relation {
+            *slot = None;
+        }
+    }
+    if let Some(selection) = delete.selection.as_mut() {
+        let _ = visit_expressions_mut(selection, |expr| {
+            if let SqlExpr::CompoundIdentifier(parts) = expr
+                && let [qualifier, _] = parts.as_mut_slice()
+                && qualifier.value.eq_ignore_ascii_case(alias)
+            {
+                *qualifier = Ident::new(table.name());
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
 }
 
-fn parse_delete(delete: &Delete) -> Result<WriteStatement> {
+fn parse_delete(mut delete: Delete) -> Result<WriteStatement> {
     if !delete.tables.is_empty()
         || delete.using.is_some()
         || delete.returning.is_some()
@@ -138,19 +161,14 @@ fn parse_delete(delete: &Delete) -> Result<WriteStatement> {
         ));
     }
     let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &delete.from;
-    let (table, relation, q) = target(from)?;
-    let selection = where_clause(delete.selection.as_ref());
-    let query = match table {
-        CatalogTable::DataFile => format!("SELECT {q}.data_file_id FROM {relation}{selection}"),
-        CatalogTable::ColumnMapping => format!("SELECT {q}.mapping_id FROM {relation}{selection}"),
-        CatalogTable::NameMapping => {
-            format!("SELECT DISTINCT {q}.mapping_id FROM {relation}{selection}")
-        }
-    };
+    let (table, alias) = target(from)?;
+    if let Some(alias) = alias {
+        without_alias(&mut delete, table, &alias);
+    }
     Ok(WriteStatement {
         table,
         action: Action::Delete,
-        query,
+        statement: Some(Box::new(Statement::Delete(delete))),
     })
 }
 
@@ -167,32 +185,27 @@ fn parse_update(update: &SqlUpdate) -> Result<WriteStatement> {
                 .into(),
         ));
     }
-    let (table, relation, q) = target(std::slice::from_ref(&update.table))?;
-    let selection = where_clause(update.selection.as_ref());
+    let (table, _) = target(std::slice::from_ref(&update.table))?;
     let refused = |op| WriteStatement {
         table,
         action: Action::Refused(op),
-        query: String::new(),
+        statement: None,
     };
     if table != CatalogTable::DataFile {
         return Ok(refused(Op::Update(Update::MappingTable(table))));
     }
-    let value = match update.assignments.as_slice() {
+    let ends = match update.assignments.as_slice() {
         [assignment] => match &assignment.target {
-            AssignmentTarget::ColumnName(column)
-                if column
-                    .0
-                    .last()
-                    .and_then(|p| p.as_ident())
-                    .is_some_and(|i| i.value.eq_ignore_ascii_case("end_snapshot")) =>
-            {
-                Some(&assignment.value)
-            }
-            _ => None,
+            AssignmentTarget::ColumnName(column) => column
+                .0
+                .last()
+                .and_then(|p| p.as_ident())
+                .is_some_and(|i| i.value.eq_ignore_ascii_case("end_snapshot")),
+            AssignmentTarget::Tuple(_) => false,
         },
-        _ => None,
+        _ => false,
     };
-    let Some(value) = value else {
+    if !ends {
         let description = update
             .assignments
             .iter()
@@ -202,13 +215,11 @@ fn parse_update(update: &SqlUpdate) -> Result<WriteStatement> {
         return Ok(refused(Op::Update(Update::OtherDataFileUpdate {
             description: format!("SET {description}"),
         })));
-    };
+    }
     Ok(WriteStatement {
         table,
         action: Action::EndDataFiles,
-        query: format!(
-            "SELECT {q}.data_file_id, {q}.end_snapshot, CAST({value} AS BIGINT) FROM {relation}{selection}"
-        ),
+        statement: Some(Box::new(Statement::Update(update.clone()))),
     })
 }
 
@@ -255,11 +266,9 @@ fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
     Ok(WriteStatement {
         table,
         action: Action::Insert { columns },
-        query: source.to_string(),
+        statement: Some(Box::new(Statement::Query(source.clone()))),
     })
 }
-
-impl WriteStatement {}
 
 impl QueryEngine {
     /// The write statement `sql` is, or `None` for anything else (a query, or SQL that does
@@ -277,23 +286,107 @@ impl QueryEngine {
             return Ok(None);
         };
         rewrite::normalize(&mut statement, self.fast.mapping_load);
-        match statement.as_ref() {
+        match *statement {
             Statement::Delete(delete) => parse_delete(delete).map(Some),
-            Statement::Update(update) => parse_update(update).map(Some),
-            Statement::Insert(insert) => parse_insert(insert).map(Some),
+            Statement::Update(ref update) => parse_update(update).map(Some),
+            Statement::Insert(ref insert) => parse_insert(insert).map(Some),
             _ => Ok(None),
         }
     }
 
+    /// The plan that finds `write`'s rows, or `None` for a refused statement: DataFusion's
+    /// own plan of the statement (`LogicalPlan::Dml`), of which the input is the filtered
+    /// scan (DELETE) or the updated rows projected over it (UPDATE), with what the changes
+    /// need projected from it; for an INSERT, the plan of its source query with its columns
+    /// named by the table's columns they go to.
+    async fn rows_plan(&self, write: &WriteStatement) -> Result<Option<LogicalPlan>> {
+        let Some(statement) = &write.statement else {
+            return Ok(None);
+        };
+        let plan = self
+            .base
+            .statement_to_plan(DfStatement::Statement(statement.clone()))
+            .await
+            .map_err(from_datafusion)?;
+        let rows = match (&write.action, plan) {
+            (Action::Insert { columns }, source) => {
+                let given = source.schema().columns();
+                if given.len() != columns.len() {
+                    return Err(invalid(format!(
+                        "INSERT into {} gives {} values per row for {} columns ({})",
+                        write.table,
+                        given.len(),
+                        columns.len(),
+                        columns.join(", ")
+                    )));
+                }
+                let named = given
+                    .into_iter()
+                    .zip(columns)
+                    .map(|(given, name)| Expr::Column(given).alias(name));
+                LogicalPlanBuilder::from(source).project(named)
+            }
+            (Action::Delete, LogicalPlan::Dml(dml)) => {
+                let key = match write.table {
+                    CatalogTable::DataFile => "data_file_id",
+                    CatalogTable::ColumnMapping | CatalogTable::NameMapping => "mapping_id",
+                };
+                let keys =
+                    LogicalPlanBuilder::from(Arc::unwrap_or_clone(dml.input)).project([col(key)]);
+                if write.table == CatalogTable::NameMapping {
+                    keys.and_then(LogicalPlanBuilder::distinct)
+                } else {
+                    keys
+                }
+            }
+            (Action::EndDataFiles, LogicalPlan::Dml(dml)) => {
+                let LogicalPlan::Projection(updated) = Arc::unwrap_or_clone(dml.input) else {
+                    return Err(unexpected_plan("UPDATE"));
+                };
+                // The new end_snapshot as DataFusion computes it, beside the current one.
+                let Some(new) = updated
+                    .schema
+                    .index_of_column_by_name(None, "end_snapshot")
+                    .and_then(|at| updated.expr.get(at).cloned())
+                else {
+                    return Err(unexpected_plan("UPDATE"));
+                };
+                let new = new
+                    .unalias()
+                    .cast_to(&DataType::Int64, updated.input.schema())
+                    .map_err(from_datafusion)?;
+                LogicalPlanBuilder::from(Arc::unwrap_or_clone(updated.input)).project([
+                    col("data_file_id"),
+                    col("end_snapshot"),
+                    new.alias("new_end_snapshot"),
+                ])
+            }
+            _ => return Err(unexpected_plan("a write statement")),
+        };
+        rows.and_then(LogicalPlanBuilder::build)
+            .map(Some)
+            .map_err(from_datafusion)
+    }
+}
+
+fn unexpected_plan(what: &str) -> Error {
+    Error::Internal {
+        context: "planning a write statement",
+        reason: format!("DataFusion planned {what} in a shape this server does not read"),
+    }
+}
+
+impl QueryEngine {
     /// The parameters of a write statement, as Flight SQL names them.
     ///
     /// # Errors
-    /// When the derived query does not plan.
+    /// When the statement does not plan.
     pub async fn write_parameters(&self, write: &WriteStatement) -> Result<SchemaRef> {
-        if write.query.is_empty() {
+        let Some(plan) = self.rows_plan(write).await? else {
             return Ok(Arc::new(Schema::empty()));
-        }
-        Ok(self.shape(&write.query).await?.parameters)
+        };
+        let types = plan.get_parameter_types().map_err(from_datafusion)?;
+        Ok(super::parameter_schema(&types))
     }
 
     /// The changes `write` makes to `view` with `params` bound. Empty when it matches nothing.
@@ -307,10 +400,18 @@ impl QueryEngine {
         write: &WriteStatement,
         params: Vec<ScalarValue>,
     ) -> Result<Vec<Op>> {
-        if let Action::Refused(op) = &write.action {
+        let Some(plan) = self.rows_plan(write).await? else {
+            let Action::Refused(op) = &write.action else {
+                return Ok(Vec::new());
+            };
             return Ok(vec![op.clone()]);
-        }
-        let physical = self.physical(view, &write.query, params).await?;
+        };
+        let plan = if params.is_empty() {
+            plan
+        } else {
+            plan.with_param_values(params).map_err(from_datafusion)?
+        };
+        let physical = self.plan_physical(view, &plan, false).await?;
         // What the statement reads to find its rows is held until the commit, so that a
         // concurrent change there (a file inserted into a table it ends whole) conflicts.
         let mut holds = Vec::new();
@@ -391,7 +492,7 @@ impl QueryEngine {
                     target: EndTarget::DataFiles(ids),
                 })])
             }
-            Action::Insert { columns } => {
+            Action::Insert { .. } => {
                 let mut decoder: Option<RowDecoder> = None;
                 let mut ops = Vec::new();
                 let (mut rows, mut bytes) = (0_u64, 0_u64);
@@ -412,7 +513,6 @@ impl QueryEngine {
                             },
                         });
                     }
-                    let batch = renamed(&batch, columns, write.table)?;
                     let decoder = match &mut decoder {
                         Some(decoder) => decoder,
                         None => decoder.insert(RowDecoder::new(
@@ -452,26 +552,6 @@ fn int_column(batch: &RecordBatch, column: usize) -> Vec<Option<i64>> {
 }
 
 /// The batch's columns named, in order, as the INSERT's target columns.
-fn renamed(batch: &RecordBatch, columns: &[String], table: CatalogTable) -> Result<RecordBatch> {
-    if batch.num_columns() != columns.len() {
-        return Err(invalid(format!(
-            "INSERT into {table} gives {} values per row for {} columns ({})",
-            batch.num_columns(),
-            columns.len(),
-            columns.join(", ")
-        )));
-    }
-    let fields: Vec<Field> = batch
-        .schema()
-        .fields()
-        .iter()
-        .zip(columns)
-        .map(|(field, name)| Field::new(name, field.data_type().clone(), true))
-        .collect();
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), batch.columns().to_vec())
-        .map_err(|err| invalid(format!("INSERT into {table}: {err}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,8 +671,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn reads_ducklake_write_shapes_and_ignores_queries() {
+    #[tokio::test]
+    async fn reads_ducklake_write_shapes_and_ignores_queries() {
         let engine = engine();
         let w = |sql: &str| {
             engine
@@ -618,9 +698,21 @@ mod tests {
         ));
         let insert =
             w("INSERT INTO main.ducklake_column_mapping (table_id, mapping_id) VALUES (1, 2)");
-        assert!(
-            matches!(&insert.action, Action::Insert { columns } if columns == &["table_id", "mapping_id"])
-        );
+        assert!(matches!(insert.action, Action::Insert { .. }));
+        // DataFusion's plan of its source gives the values under their columns' names, as
+        // typed in the statement.
+        let rows = engine
+            .rows_plan(&insert)
+            .await
+            .expect("plans")
+            .expect("a plan");
+        let columns: Vec<String> = rows
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| format!("{} {}", f.name(), f.data_type()))
+            .collect();
+        assert_eq!(columns, ["table_id Int64", "mapping_id Int64"]);
         assert!(
             engine
                 .write_statement("SELECT 1")
