@@ -735,6 +735,29 @@ async fn loses_race(
     );
 }
 
+/// Commits every batch of `works` at once, each as a transaction that read `snapshot` would,
+/// and returns the positions of those that committed, in order.
+async fn race(
+    catalog: &Catalog,
+    snapshot: &moraine::catalog::CatalogSnapshot,
+    works: Vec<StagedBatch>,
+) -> Vec<usize> {
+    let tasks: Vec<_> = works
+        .into_iter()
+        .map(|work| {
+            let (catalog, snapshot) = (catalog.clone(), snapshot.clone());
+            tokio::spawn(async move { commit_batch_at(&catalog, &snapshot, &work).await.is_ok() })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for (at, task) in tasks.into_iter().enumerate() {
+        if task.await.expect("task") {
+            winners.push(at);
+        }
+    }
+    winners
+}
+
 fn end_files(end_snapshot: i64, ids: &[i64]) -> StagedBatch {
     batch([Op::Update(Update::EndDataFiles {
         end_snapshot,
@@ -838,20 +861,14 @@ pub async fn a_data_file_id_is_unique_across_tables(backend: Backend) {
     );
     // Concurrently, from a common snapshot: exactly one table gets the id.
     let read = catalog.snapshot().await.expect("snapshot");
-    let tasks: Vec<_> = (1..=8_i64)
-        .map(|table| {
-            let (catalog, read) = (catalog.clone(), read.clone());
-            tokio::spawn(async move {
-                let insert = batch([Op::Insert(Insert::data_files(&[file(8, table, None)]))]);
-                commit_batch_at(&catalog, &read, &insert).await.is_ok()
-            })
-        })
+    let inserts = (1..=8_i64)
+        .map(|table| batch([Op::Insert(Insert::data_files(&[file(8, table, None)]))]))
         .collect();
-    let mut won = 0;
-    for task in tasks {
-        won += usize::from(task.await.expect("task"));
-    }
-    assert_eq!(won, 1, "one table gets data file 8");
+    assert_eq!(
+        race(&catalog, &read, inserts).await.len(),
+        1,
+        "one table gets data file 8"
+    );
     let eights = catalog_rows(&catalog)
         .await
         .data_files
@@ -913,29 +930,16 @@ pub async fn a_table_drop_and_an_insert_into_it_never_both_commit(backend: Backe
 
     // Racing from one snapshot: a drop and inserts into the dropped table never both land.
     let read = catalog.snapshot().await.expect("snapshot");
-    let tasks: Vec<_> = (0..8_i64)
+    let works = (0..8_i64)
         .map(|writer| {
-            let (catalog, read) = (catalog.clone(), read.clone());
-            tokio::spawn(async move {
-                let work = if writer == 3 {
-                    drop_table(7, 1)
-                } else {
-                    add(100 + writer)
-                };
-                (
-                    writer,
-                    commit_batch_at(&catalog, &read, &work).await.is_ok(),
-                )
-            })
+            if writer == 3 {
+                drop_table(7, 1)
+            } else {
+                add(100 + writer)
+            }
         })
         .collect();
-    let mut winners = Vec::new();
-    for task in tasks {
-        let (writer, won) = task.await.expect("task");
-        if won {
-            winners.push(writer);
-        }
-    }
+    let winners = race(&catalog, &read, works).await;
     let live = live_files(&catalog_rows(&catalog).await);
     if winners.contains(&3) {
         assert_eq!(winners, vec![3], "inserts landed beside the drop");
@@ -1042,29 +1046,14 @@ async fn a_range_delete_races_inserts_into_its_range(catalog: &Catalog) {
     let delete = batch([Op::Delete(Delete::DataFileIdRange(1..=150))]);
     let before = live_files(&catalog_rows(catalog).await);
     let read = catalog.snapshot().await.expect("snapshot");
-    let tasks: Vec<_> = (0..8_i64)
-        .map(|writer| {
-            let (catalog, read, delete) = (catalog.clone(), read.clone(), delete.clone());
-            tokio::spawn(async move {
-                let work = match writer {
-                    3 => delete,
-                    _ if writer % 2 == 0 => add(100 + writer, 9),
-                    _ => add(100 + writer, 70 + writer),
-                };
-                (
-                    writer,
-                    commit_batch_at(&catalog, &read, &work).await.is_ok(),
-                )
-            })
+    let works = (0..8_i64)
+        .map(|writer| match writer {
+            3 => delete.clone(),
+            _ if writer % 2 == 0 => add(100 + writer, 9),
+            _ => add(100 + writer, 70 + writer),
         })
         .collect();
-    let mut winners = Vec::new();
-    for task in tasks {
-        let (writer, won) = task.await.expect("task");
-        if won {
-            winners.push(writer);
-        }
-    }
+    let winners = race(catalog, &read, works).await;
     let live = live_files(&catalog_rows(catalog).await);
     if winners.contains(&3) {
         assert_eq!(winners, vec![3], "inserts landed beside the range delete");
@@ -1073,8 +1062,9 @@ async fn a_range_delete_races_inserts_into_its_range(catalog: &Catalog) {
     } else {
         assert!(!winners.is_empty());
         for writer in &winners {
+            let file = 100 + i64::try_from(*writer).expect("a small number");
             assert!(
-                live.iter().any(|(_, id)| *id == 100 + writer),
+                live.iter().any(|(_, id)| *id == file),
                 "writer {writer} won but its file is not there: {live:?}"
             );
         }

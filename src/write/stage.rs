@@ -419,23 +419,15 @@ impl Staging {
         tables.dedup();
         // A table's guard and mark are decided together, the first time the transaction
         // inserts into the table.
-        let tables: Vec<TableId> = tables
+        let keys: Vec<Vec<u8>> = tables
             .into_iter()
-            .map(TableId)
-            .filter(|table| self.writes.get(&keyspace.guard_key(kind, *table)).is_none())
+            .map(|table| (TableId(table), keyspace.guard_key(kind, TableId(table))))
+            .filter(|(_, guard)| self.writes.get(guard).is_none())
+            .flat_map(|(table, guard)| [guard, keyspace.table_mark_key(kind, table)])
             .collect();
-        if tables.is_empty() {
+        if keys.is_empty() {
             return Ok(());
         }
-        let keys: Vec<Vec<u8>> = tables
-            .iter()
-            .flat_map(|table| {
-                [
-                    keyspace.guard_key(kind, *table),
-                    keyspace.table_mark_key(kind, *table),
-                ]
-            })
-            .collect();
         let values = self.base.values(&keys).await?;
         let mut marked = false;
         let (writes, undo, _, _) = self.parts();
