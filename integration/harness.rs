@@ -185,6 +185,14 @@ impl KvSnapshot for CountingSnapshot {
         self.reads.count(&self.reads.keys, page.len());
         Ok(page)
     }
+
+    async fn divide(
+        &self,
+        range: &KeyRange,
+        division: moraine::kv::Division,
+    ) -> Result<moraine::kv::Divided, KvError> {
+        self.inner.divide(range, division).await
+    }
 }
 
 /// The whole catalog as DuckLake's rows, each table sorted: what a SQL catalog would hold.

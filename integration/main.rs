@@ -16,11 +16,13 @@
 mod auth;
 mod conformance;
 mod ducklake_fixture;
+mod endpoints;
 #[cfg(feature = "tikv")]
 mod fake_tikv;
 mod flight_sql;
 mod flight_writes;
 mod harness;
+mod observability;
 mod query_paths;
 mod redb_store;
 mod serve;

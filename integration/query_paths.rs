@@ -20,7 +20,7 @@ use moraine::write::{Insert, Op, StagedBatch, commit_batch};
 use crate::harness::Backend;
 
 /// A small deterministic generator (`SplitMix64`), so a failing seed replays.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -40,7 +40,7 @@ impl Rng {
     }
 }
 
-fn seed() -> u64 {
+pub fn seed() -> u64 {
     std::env::var("MORAINE_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -52,15 +52,15 @@ fn seed() -> u64 {
 }
 
 /// The generated catalog's ids, for the queries.
-struct Shape {
-    tables: Vec<i64>,
+pub struct Shape {
+    pub tables: Vec<i64>,
     mapping_ids: Vec<i64>,
     file_ids: Vec<i64>,
     snapshots: i64,
 }
 
 /// Writes a random catalog in several commits and returns its ids.
-async fn generate(catalog: &moraine::catalog::Catalog, rng: &mut Rng) -> Shape {
+pub async fn generate(catalog: &moraine::catalog::Catalog, rng: &mut Rng) -> Shape {
     let tables: Vec<i64> = (0..12).map(|i| i * 3 - 7).collect();
     let mut next_id: i64 = -40;
     let mut shape = Shape {

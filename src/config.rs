@@ -167,6 +167,24 @@ pub struct ServeConfig {
     /// Seconds a statement may run, from its start to its last row.
     #[arg(long, env = "MORAINE_STATEMENT_TIMEOUT", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub statement_timeout: u64,
+    /// Serve Prometheus metrics as text over HTTP on this address (port 0 picks a free
+    /// port; the log says which).
+    #[arg(long, env = "MORAINE_METRICS")]
+    pub metrics: Option<SocketAddr>,
+    /// Seconds the snapshot of a whole-table read is held for its endpoints, from the
+    /// `GetFlightInfo` that took it (it goes sooner once every endpoint has been read).
+    #[arg(long, env = "MORAINE_SNAPSHOT_TTL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub snapshot_ttl: u64,
+    /// Most snapshots held at once for whole-table reads.
+    #[arg(long, env = "MORAINE_MAX_HELD_SNAPSHOTS", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
+    pub max_held_snapshots: u64,
+    /// Bytes of stored rows each endpoint of a whole-table read aims for (on TiKV the
+    /// endpoints follow region boundaries instead).
+    #[arg(long, env = "MORAINE_ENDPOINT_BYTES", default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(64..))]
+    pub endpoint_bytes: u64,
+    /// Most endpoints of one whole-table read.
+    #[arg(long, env = "MORAINE_MAX_ENDPOINTS", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_endpoints: u64,
     /// Embedded store: MiB of memory redb may use to cache pages and buffer writes.
     #[arg(long, env = "MORAINE_REDB_CACHE_MB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub redb_cache_mb: u64,
@@ -183,6 +201,20 @@ impl ServeConfig {
         crate::kv::redb::RedbOptions {
             cache_bytes: usize::try_from(self.redb_cache_mb << 20).unwrap_or(usize::MAX),
             checkpoint_every: std::time::Duration::from_millis(self.redb_checkpoint_ms),
+        }
+    }
+
+    /// How whole-table reads divide and hold their snapshots.
+    #[must_use]
+    pub fn part_limits(&self) -> crate::flight::held::PartLimits {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        crate::flight::held::PartLimits {
+            lifetime: std::time::Duration::from_secs(self.snapshot_ttl),
+            max_held: count(self.max_held_snapshots),
+            division: crate::kv::Division {
+                span_bytes: self.endpoint_bytes,
+                max_spans: count(self.max_endpoints),
+            },
         }
     }
 

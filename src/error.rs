@@ -124,6 +124,17 @@ pub enum Error {
         /// The timeout.
         after: std::time::Duration,
     },
+    /// A ticket of a whole-table read whose snapshot is no longer held.
+    #[error(
+        "the snapshot this read belongs to is no longer held: it expired (snapshots are held \
+         {}s after GetFlightInfo; see --snapshot-ttl), every endpoint of it has been read, or \
+         the server restarted; call GetFlightInfo again",
+        lifetime.as_secs()
+    )]
+    SnapshotGone {
+        /// How long snapshots are held.
+        lifetime: std::time::Duration,
+    },
     /// A part of a request that does not decode as what it must be.
     #[error("{part} {problem}")]
     Malformed {
@@ -196,6 +207,8 @@ pub enum Limit {
     PreparedSqlBytes,
     /// Sessions open on the server.
     Sessions,
+    /// Snapshots held for the endpoints of whole-table reads.
+    HeldSnapshots,
 }
 
 impl Limit {
@@ -211,6 +224,7 @@ impl Limit {
             Limit::SessionPreparedStatements => "--max-session-prepared-statements",
             Limit::PreparedSqlBytes => "--max-prepared-sql-bytes",
             Limit::Sessions => "--max-sessions",
+            Limit::HeldSnapshots => "--max-held-snapshots",
         }
     }
 
@@ -223,6 +237,7 @@ impl Limit {
             Limit::TransactionBytes | Limit::PreparedSqlBytes => "bytes",
             Limit::PreparedStatements | Limit::SessionPreparedStatements => "prepared statements",
             Limit::Sessions => "sessions",
+            Limit::HeldSnapshots => "held snapshots",
         }
     }
 
@@ -238,6 +253,9 @@ impl Limit {
             Limit::SessionPreparedStatements => "this session's limit of open prepared statements",
             Limit::PreparedSqlBytes => "the limit of SQL bytes open prepared statements hold",
             Limit::Sessions => "the server's limit of open sessions",
+            Limit::HeldSnapshots => {
+                "the server's limit of snapshots held for whole-table reads (each is held until its endpoints are read or it expires)"
+            }
         }
     }
 
@@ -253,6 +271,9 @@ impl Limit {
             | Limit::SessionPreparedStatements
             | Limit::PreparedSqlBytes => "close prepared statements you no longer use",
             Limit::Sessions => "close sessions you no longer use, or wait for idle ones to end",
+            Limit::HeldSnapshots => {
+                "read the endpoints of earlier whole-table reads to their end, or wait for them to expire"
+            }
         }
     }
 }
@@ -268,6 +289,8 @@ pub enum Named {
     UploadPath(String),
     /// A transaction, by the id the client sent.
     Transaction(String),
+    /// The snapshot of a whole-table read in another session's transaction, by its id.
+    HeldSnapshot(String),
     /// A prepared statement, by its handle, and why it is not there.
     PreparedStatement {
         /// The handle as the client sent it.
@@ -311,6 +334,7 @@ impl std::fmt::Display for Named {
                 excerpt(path)
             ),
             Named::Transaction(id) => write!(f, "transaction {}", excerpt(id)),
+            Named::HeldSnapshot(id) => write!(f, "snapshot {} of this session", excerpt(id)),
             Named::PreparedStatement { handle, why } => {
                 write!(f, "prepared statement {} ({why})", excerpt(handle))
             }

@@ -61,9 +61,36 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// The bytes of hex `text` (either case), if it is hex of whole bytes.
+#[must_use]
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    digits
+        .chunks_exact(2)
+        .map(|pair| {
+            let high = char::from(*pair.first()?).to_digit(16)?;
+            let low = char::from(*pair.get(1)?).to_digit(16)?;
+            u8::try_from(high * 16 + low).ok()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unhex_inverts_hex_and_refuses_what_is_not_hex() {
+        let bytes = [0x00, 0x0f, 0xa5, 0xff];
+        assert_eq!(unhex(&hex(&bytes)).as_deref(), Some(&bytes[..]));
+        assert_eq!(unhex("A5FF").as_deref(), Some(&[0xa5, 0xff][..]));
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex(""), Some(Vec::new()));
+    }
 
     #[test]
     fn hex_is_lowercase_two_digits_a_byte() {

@@ -48,6 +48,7 @@ pub mod fuzz;
 pub mod import;
 mod key_range;
 pub mod kv;
+pub mod metrics;
 pub mod model;
 pub mod query;
 pub mod server;

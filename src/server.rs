@@ -17,6 +17,8 @@ use crate::codec::{KeyPrefix, Keyspace};
 use crate::config::{ImportConfig, ServeConfig};
 use crate::error::{Error, Result};
 use crate::flight::gate::Gate;
+use crate::flight::held::HeldSnapshots;
+pub use crate::flight::held::PartLimits;
 use crate::flight::prepared::PreparedLimits;
 pub use crate::flight::tickets::TicketKey;
 use crate::flight::{MoraineFlightService, MoraineSqlService};
@@ -48,6 +50,7 @@ pub struct RunningServer {
     addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<()>>,
+    health: JoinHandle<()>,
     auth: Arc<Authenticator>,
     tls: Option<Arc<Tls>>,
 }
@@ -91,6 +94,7 @@ impl RunningServer {
     /// # Errors
     /// [`Error::Internal`] when the server failed while running.
     pub async fn shutdown(mut self) -> Result<()> {
+        self.health.abort();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -201,6 +205,9 @@ pub struct Limits {
     pub query: QueryLimits,
     /// Prepared statements: how many, and how much SQL they keep.
     pub prepared: PreparedLimits,
+    /// Whole-table reads: how they divide into endpoints, and how long and how many of
+    /// their snapshots are held.
+    pub parts: PartLimits,
     /// What transaction timeouts are read on: the system clock, or a manual one in tests.
     pub clock: Clock,
 }
@@ -214,6 +221,7 @@ impl Limits {
         limits.query.statement_timeout = std::time::Duration::from_secs(config.statement_timeout);
         limits.prepared.max_total = count(config.max_prepared_statements);
         limits.prepared.max_per_session = count(config.max_session_prepared_statements);
+        limits.parts = config.part_limits();
         limits
     }
 
@@ -229,6 +237,7 @@ impl Limits {
                 ..QueryLimits::default()
             },
             prepared: PreparedLimits::default(),
+            parts: PartLimits::default(),
             clock: Clock::system(),
         }
     }
@@ -287,22 +296,31 @@ pub async fn start_secured(
         Some(key) => key,
         None => TicketKey::random()?,
     };
+    let store_probe = catalog.clone();
     let engine = QueryEngine::with_limits(catalog, FastPaths::ALL, limits.query);
+    let held = HeldSnapshots::new(limits.parts, limits.clock.clone());
+    held.spawn_reaper();
     let service = MoraineFlightService::new(MoraineSqlService::new(
         engine,
         txns,
         limits.prepared,
         Arc::clone(&access.auth),
         ticket_key,
+        held,
     )?);
     let service = FlightServiceServer::new(service)
         .max_decoding_message_size(MAX_DECODING_MESSAGE)
         .max_encoding_message_size(MAX_ENCODING_MESSAGE);
     let service = Gate::new(service, Arc::clone(&access.auth));
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = tokio::spawn(probe_health(store_probe, reporter));
     let (tx, rx) = oneshot::channel::<()>();
     let tls = access.tls.clone();
     let task = tokio::spawn(async move {
-        let router = tonic::transport::Server::builder().add_service(service);
+        // The health service answers without credentials, as load balancers ask.
+        let router = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service);
         let stop = async {
             let _ = rx.await;
         };
@@ -332,9 +350,65 @@ pub async fn start_secured(
         addr,
         shutdown: Some(tx),
         task,
+        health,
         auth: access.auth,
         tls: access.tls,
     })
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.health.abort();
+    }
+}
+
+/// How often the health service's status is checked against the store.
+const HEALTH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a health check's read of the store may take before the store counts as
+/// unavailable.
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the standard gRPC health service (`grpc.health.v1.Health`) saying whether the store
+/// answers: SERVING while a snapshot read succeeds within [`HEALTH_TIMEOUT`], `NOT_SERVING`
+/// otherwise, for the server as a whole (`""`) and for the Flight service.
+async fn probe_health(catalog: Catalog, reporter: tonic_health::server::HealthReporter) {
+    use tonic::server::NamedService as _;
+    let flight =
+        <arrow_flight::flight_service_server::FlightServiceServer<MoraineFlightService>>::NAME;
+    let key = catalog
+        .keyspace()
+        .kind_range(crate::codec::Kind::Mapping)
+        .start;
+    let mut every = tokio::time::interval(HEALTH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        every.tick().await;
+        let read = tokio::time::timeout(HEALTH_TIMEOUT, async {
+            catalog.snapshot().await?.kv().get(&key).await?;
+            Ok::<_, Error>(())
+        })
+        .await;
+        let (status, why) = match read {
+            Ok(Ok(())) => (tonic_health::ServingStatus::Serving, String::new()),
+            Ok(Err(err)) => (tonic_health::ServingStatus::NotServing, err.to_string()),
+            Err(_) => (
+                tonic_health::ServingStatus::NotServing,
+                format!("no answer within {HEALTH_TIMEOUT:?}"),
+            ),
+        };
+        if last != Some(status) {
+            if status == tonic_health::ServingStatus::Serving {
+                tracing::info!("the store answers: serving");
+            } else {
+                tracing::warn!("the store does not answer, not serving: {why}");
+            }
+            last = Some(status);
+        }
+        for service in ["", flight] {
+            reporter.set_service_status(service, status).await;
+        }
+    }
 }
 
 /// Brings the store up to the current layout before anything reads it.
@@ -389,6 +463,14 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     };
     let catalog = Catalog::new(store, keyspace);
     upgrade(&catalog).await?;
+    let _metrics = match config.metrics {
+        Some(addr) => {
+            let (listener, bound) = crate::metrics::bind(addr).await?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(listener))))
+        }
+        None => None,
+    };
     let mut server =
         start_secured(catalog, config.listen, Limits::of_config(&config), access).await?;
     tracing::info!(
@@ -413,6 +495,15 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     signal?;
     tracing::info!("shutting down");
     server.shutdown().await
+}
+
+/// A task that ends when this is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// How long `serve` waits for PD before giving up.

@@ -140,6 +140,7 @@ struct Registry {
 impl Registry {
     fn end(&mut self, id: &TxnId, how: Ending, now: Instant) -> Option<Open> {
         let open = self.open.remove(id)?;
+        crate::metrics::get().transactions_open.dec();
         if let Some(session) = &open.session
             && self.sessions.get(session) == Some(id)
         {
@@ -171,6 +172,7 @@ impl Registry {
             now.duration_since(open.last_used) >= timeout && open.txn.try_lock().is_ok()
         });
         if idle && let Some(open) = self.end(id, Ending::Expired, now) {
+            crate::metrics::get().transactions_expired.inc();
             open.discard();
         }
         idle
@@ -349,6 +351,7 @@ impl Transactions {
                 });
             }
         }
+        crate::metrics::get().transactions_open.inc();
         registry.open.insert(
             id.clone(),
             Open {
@@ -563,6 +566,7 @@ impl Transactions {
                     return Err(Error::Validation(ValidationError { violations }));
                 }
                 let memory = staging.memory();
+                crate::metrics::get().staged(memory);
                 if memory > self.config.max_bytes {
                     return Err(Error::LimitExceeded {
                         limit: Limit::TransactionBytes,

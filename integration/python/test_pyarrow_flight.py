@@ -148,12 +148,72 @@ def test_data_files_of_table_2(client, moraine_uri, expected):
 
 
 def test_tickets_are_reusable_on_another_connection(client, moraine_uri, expected):
-    info = client.get_flight_info(flight.FlightDescriptor.for_path(NAME_MAPPING), OPTIONS)
+    info = client.get_flight_info(flight.FlightDescriptor.for_path(DATA_FILE, "2"), OPTIONS)
     first = read_endpoints(client, moraine_uri, info)
     with flight.FlightClient(moraine_uri) as other:
         again = read_endpoints(other, moraine_uri, info)
     assert_same_rows(rows(again), rows(first), "the same tickets read again elsewhere")
-    assert_same_rows(rows(first), expected[NAME_MAPPING], "name rows")
+    assert_same_rows(rows(first), expected.rows_of_table_id(DATA_FILE, 2), "files of table 2")
+
+
+def test_whole_table_endpoints_read_on_another_connection_once(client, moraine_uri, expected):
+    """The endpoints of a whole-table read share one held snapshot, let go once each has been
+    read to its end: read on any connection, then refused with a clear message."""
+    info = client.get_flight_info(flight.FlightDescriptor.for_path(NAME_MAPPING), OPTIONS)
+    with flight.FlightClient(moraine_uri) as other:
+        got = read_endpoints(other, moraine_uri, info)
+    assert_same_rows(rows(got), expected[NAME_MAPPING], "name rows")
+    with pytest.raises(pa.ArrowException) as e:
+        read_endpoints(client, moraine_uri, info)
+    assert "no longer held" in str(e.value) and "GetFlightInfo again" in str(e.value), e.value
+
+
+@pytest.fixture(scope="module")
+def divided(server_factory):
+    """A server whose whole-table reads divide into endpoints of 64 bytes: one table each."""
+    return server_factory("divided", extra_args=["--endpoint-bytes", "64"])
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_parallel_endpoints_read_concurrently_union_to_the_table(divided, expected, table):
+    import concurrent.futures
+    import json
+
+    with flight.FlightClient(divided.uri) as c:
+        info = c.get_flight_info(flight.FlightDescriptor.for_path(table), OPTIONS)
+        assert len(info.endpoints) > 1, f"{table}: one endpoint"
+        ranges = [json.loads(ep.app_metadata)["tables"] for ep in info.endpoints]
+        for before, after in zip(ranges, ranges[1:]):
+            assert before[1] + 1 == after[0], f"disjoint and in order: {ranges}"
+        assert all(not ep.locations for ep in info.endpoints), "endpoints mean this server"
+
+        def read(ep):
+            with flight.FlightClient(divided.uri) as own:
+                return own.do_get(ep.ticket, OPTIONS).read_all()
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            parts = list(pool.map(read, info.endpoints))
+    got = pa.concat_tables(parts)
+    check_info_and_stream(info, got, table, table)
+    assert_same_rows(rows(got), expected[table], f"the endpoints of {table}")
+
+
+def test_adbc_partitions_union_to_the_table(divided, expected):
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    with flightsql.connect(divided.uri, autocommit=True) as conn, conn.cursor() as cur:
+        partitions, schema = cur.adbc_execute_partitions(f"SELECT * FROM {NAME_MAPPING}")
+        assert len(partitions) > 1, "one partition"
+        tables = []
+        for partition in partitions:
+            cur.adbc_read_partition(partition)
+            tables.append(cur.fetch_arrow_table())
+        cur.execute(f"SELECT * FROM {DATA_FILE}")
+        files = cur.fetch_arrow_table()
+    got = pa.concat_tables(tables)
+    assert describe_schema(got.schema) == describe_schema(schema)
+    assert_same_rows(rows(got), expected[NAME_MAPPING], "ADBC's partitions")
+    assert_same_rows(rows(files), expected[DATA_FILE], "ADBC reading every endpoint itself")
 
 
 def test_unknown_path_is_a_clear_error(client):

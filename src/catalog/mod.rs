@@ -18,7 +18,9 @@ use crate::codec::{
     decode_mapping, hex, read_data_file, read_mapping, read_mapping_raw,
 };
 use crate::error::Result;
-use crate::kv::{CommitOutcome, Conflict, KeyRange, Page, PageSize, Snapshot, StagedWrites, Store};
+use crate::kv::{
+    CommitOutcome, Conflict, Division, KeyRange, Page, PageSize, Snapshot, StagedWrites, Store,
+};
 use crate::model::{ColumnMapping, MappingId, TableId};
 
 /// Index entries read per page when rows are read in id order.
@@ -139,6 +141,15 @@ fn duplicate_file(data_file_id: i64, first: TableId, second: TableId) -> crate::
              earlier moraine) before starting this one"
         ),
     }
+}
+
+/// A part of a kind's rows: the rows of a range of whole tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TablePart {
+    /// The tables, by id.
+    pub tables: RangeInclusive<i64>,
+    /// The part's key and value bytes, where the store measured them.
+    pub volume: Option<u64>,
 }
 
 /// A consistent view of the catalog: every read sees the same committed state.
@@ -271,6 +282,45 @@ impl CatalogSnapshot {
     /// [`Error::Kv`](crate::Error::Kv).
     pub async fn values(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         Ok(self.snapshot.batch_get(keys).await?)
+    }
+
+    /// The rows of row kind `kind` divided into parts of about equal volume, each a range of
+    /// whole tables: disjoint, in table order, together every table (the first part starts
+    /// at the least table id, the last ends at the greatest). A table is never split, so one
+    /// large table is one part however large.
+    ///
+    /// # Errors
+    /// [`Error::Kv`](crate::Error::Kv).
+    pub async fn table_parts(&self, kind: Kind, division: Division) -> Result<Vec<TablePart>> {
+        let range = self.keyspace.kind_range(kind);
+        let divided = self.snapshot.divide(&range, division).await?;
+        // Each cut falls at the first table wholly after it. Cuts inside one table fall at
+        // the same boundary, and a cut past every table at none: the volumes of the spans
+        // they would have begun join the part before.
+        let mut volumes = divided.volumes.map(Vec::into_iter);
+        let mut next_volume = move || volumes.as_mut().and_then(Iterator::next);
+        let mut parts: Vec<TablePart> = Vec::with_capacity(divided.cuts.len() + 1);
+        let mut start = i64::MIN;
+        let mut volume = next_volume();
+        for cut in &divided.cuts {
+            let more = next_volume();
+            match self.keyspace.first_table_from(kind, cut) {
+                Some(first) if first > start => {
+                    parts.push(TablePart {
+                        tables: start..=first - 1,
+                        volume,
+                    });
+                    start = first;
+                    volume = more;
+                }
+                _ => volume = volume.zip(more).map(|(a, b)| a + b),
+            }
+        }
+        parts.push(TablePart {
+            tables: start..=i64::MAX,
+            volume,
+        });
+        Ok(parts)
     }
 
     /// Streams the pairs of `ranges`, one range after another, one page per item. Nothing is

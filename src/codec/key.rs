@@ -506,6 +506,31 @@ impl Keyspace {
         KeyRange::new(self.head(kind, lo), end)
     }
 
+    /// The first table of row kind `kind` whose keys all lie at or after `cut`: where a
+    /// division of the kind's range at the key `cut` (any bytes, such as a region boundary)
+    /// falls between tables. `None` when no table of `kind` starts at or after `cut`.
+    #[must_use]
+    pub fn first_table_from(&self, kind: Kind, cut: &[u8]) -> Option<i64> {
+        let range = self.kind_range(kind);
+        if cut <= range.start.as_slice() {
+            return Some(i64::MIN);
+        }
+        if cut >= range.end.as_slice() {
+            return None;
+        }
+        let head = range.start.len();
+        let mut bytes = [0u8; 8];
+        for (to, from) in bytes.iter_mut().zip(cut.iter().skip(head)) {
+            *to = *from;
+        }
+        let table = decode_i64(bytes);
+        if cut <= self.head(kind, table).as_slice() {
+            Some(table)
+        } else {
+            table.checked_add(1)
+        }
+    }
+
     /// The ranges of a set of tables, sorted, each table once; neighbouring tables are merged
     /// into one range.
     #[must_use]

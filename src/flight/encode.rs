@@ -14,15 +14,19 @@ use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
-use futures::{Stream, TryStreamExt as _};
+use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use prost::Message as _;
 use tonic::{Response, Status};
 
+use super::held::HeldId;
 use super::service::MoraineSqlService;
 use super::status::to_status;
 use super::tickets::TicketKind;
 use crate::auth::Session;
+use crate::batch::table_schema;
+use crate::catalog::CatalogSnapshot;
 use crate::error::{Error, Result};
+use crate::model::CatalogTable;
 use crate::txn::TxnId;
 
 /// Largest encoded message sent, well under the 16 MiB clients accept.
@@ -51,6 +55,27 @@ impl MoraineSqlService {
         Ok(info.with_total_records(rows))
     }
 
+    /// The `FlightInfo` of a read in `txn`: parallel endpoints for a whole table
+    /// (`SELECT * FROM t`), one endpoint otherwise.
+    pub(super) async fn read_info(
+        &self,
+        sql: String,
+        params: Vec<ScalarValue>,
+        txn: Option<TxnId>,
+        session: &Session,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo> {
+        match self.engine.whole_table(&sql) {
+            Some(table) if params.is_empty() => {
+                let view = self.view(txn.as_ref()).await?;
+                let owner = txn.and(session.owner().map(str::to_owned));
+                self.parts_info(table, PartsAt::Fresh { view, owner }, descriptor)
+                    .await
+            }
+            _ => self.query_info(sql, params, txn, descriptor).await,
+        }
+    }
+
     /// The `FlightInfo` of a query read in `txn`.
     pub(super) async fn query_info(
         &self,
@@ -76,13 +101,80 @@ impl MoraineSqlService {
         schema: &SchemaRef,
         descriptor: FlightDescriptor,
     ) -> Result<FlightInfo> {
+        info_with(schema, descriptor, self.endpoint(ticket)?)
+    }
+
+    /// The `FlightInfo` of a whole-table read of `table`, divided into endpoints of about
+    /// equal volume, each a range of DuckLake tables, all reading one held snapshot: `at`,
+    /// held from now, or a snapshot held already. Its `app_metadata` names the snapshot (to
+    /// read other tables at it, ask for the path `[table, "@<snapshot>"]`) and how long it
+    /// is held; each endpoint's names its tables and, where measured, their volume.
+    pub(crate) async fn parts_info(
+        &self,
+        table: CatalogTable,
+        at: PartsAt,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo> {
+        let kind = crate::query::provider::row_kind(table);
+        let division = self.held.limits().division;
+        let (id, parts, serials) = match at {
+            PartsAt::Fresh { view, owner } => {
+                let parts = view.table_parts(kind, division).await?;
+                let (id, serials) = self.held.hold(view, owner, parts.len())?;
+                (id, parts, serials)
+            }
+            PartsAt::Held { id, owner } => {
+                let (view, _) = self.held.extend(&id, owner.as_deref(), 0)?;
+                let parts = view.table_parts(kind, division).await?;
+                let (_, serials) = self.held.extend(&id, owner.as_deref(), parts.len())?;
+                (id, parts, serials)
+            }
+        };
+        let mut info = FlightInfo::new()
+            .try_with_schema(&table_schema(table))
+            .map_err(|err| Error::Internal {
+                context: "encoding a result schema",
+                reason: err.to_string(),
+            })?
+            .with_descriptor(descriptor)
+            .with_total_records(-1)
+            .with_total_bytes(-1);
+        for (part, serial) in parts.into_iter().zip(serials) {
+            let ticket = TicketKind::Part {
+                table,
+                tables: part.tables.clone(),
+                snapshot: id,
+                serial,
+            };
+            let about = match part.volume {
+                Some(volume) => serde_json::json!({
+                    "tables": [part.tables.start(), part.tables.end()],
+                    "volume": volume,
+                }),
+                None => serde_json::json!({
+                    "tables": [part.tables.start(), part.tables.end()],
+                }),
+            };
+            info = info.with_endpoint(
+                self.endpoint(&ticket)?
+                    .with_app_metadata(about.to_string().into_bytes()),
+            );
+        }
+        let held_for = self.held.remaining(&id).unwrap_or_default();
+        let about = serde_json::json!({
+            "snapshot": crate::key_range::hex(&id),
+            "expires_in_ms": u64::try_from(held_for.as_millis()).unwrap_or(u64::MAX),
+        });
+        Ok(info.with_app_metadata(about.to_string().into_bytes()))
+    }
+
+    fn endpoint(&self, ticket: &TicketKind) -> Result<FlightEndpoint> {
         let handle = TicketStatementQuery {
             statement_handle: ticket.encode(&self.ticket_key)?.into(),
         };
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket {
+        Ok(FlightEndpoint::new().with_ticket(Ticket {
             ticket: handle.as_any().encode_to_vec().into(),
-        });
-        info_with(schema, descriptor, endpoint)
+        }))
     }
 
     /// Streams what `ticket` names.
@@ -101,6 +193,17 @@ impl MoraineSqlService {
                 self.engine.execute_at(&view, &sql, params).await
             }
             TicketKind::Table { table, table_id } => self.engine.scan_table(table, table_id).await,
+            TicketKind::Part {
+                table,
+                tables,
+                snapshot,
+                serial,
+            } => {
+                let view = self.held.snapshot(&snapshot, serial, session.owner())?;
+                let rows = self.engine.scan_part(&view, table, tables)?;
+                let held = Arc::clone(&self.held);
+                Ok(on_end(rows, move || held.read(&snapshot, serial)))
+            }
             TicketKind::Affected { rows } => {
                 let batch = RecordBatch::try_new(
                     count_schema(),
@@ -120,6 +223,51 @@ impl MoraineSqlService {
             }
         }
     }
+}
+
+/// What the parts of a whole-table read read.
+pub(crate) enum PartsAt {
+    /// A view held from now: a fresh snapshot, or a transaction's view, which only its
+    /// session (`owner`) may read.
+    Fresh {
+        /// The view.
+        view: CatalogSnapshot,
+        /// The session it belongs to, for a transaction's view.
+        owner: Option<String>,
+    },
+    /// A snapshot held already, by an earlier `GetFlightInfo`.
+    Held {
+        /// Its id.
+        id: HeldId,
+        /// The caller's session.
+        owner: Option<String>,
+    },
+}
+
+/// `rows`, calling `end` once they have all been produced without an error.
+fn on_end(
+    rows: SendableRecordBatchStream,
+    end: impl FnOnce() + Send + 'static,
+) -> SendableRecordBatchStream {
+    let schema = rows.schema();
+    let mut end = Some(end);
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::clone(&failed);
+    let tracked = rows
+        .inspect(move |item| {
+            if item.is_err() {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .chain(futures::stream::poll_fn(move |_| {
+            if !failed.load(std::sync::atomic::Ordering::Relaxed)
+                && let Some(end) = end.take()
+            {
+                end();
+            }
+            std::task::Poll::Ready(None)
+        }));
+    Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, tracked))
 }
 
 fn info_with(
@@ -158,13 +306,26 @@ pub(crate) fn flight_stream(
     schema: SchemaRef,
     batches: SendableRecordBatchStream,
 ) -> BoxedStream<arrow_flight::FlightData> {
-    let batches = batches.map_err(|err| {
-        FlightError::Tonic(Box::new(to_status(&crate::query::from_datafusion(err))))
-    });
+    let metrics = crate::metrics::get();
+    let batches = batches
+        .inspect_ok(|batch| {
+            metrics
+                .rows_streamed
+                .inc_by(u64::try_from(batch.num_rows()).unwrap_or(u64::MAX));
+        })
+        .map_err(|err| {
+            FlightError::Tonic(Box::new(to_status(&crate::query::from_datafusion(err))))
+        });
     let encoded = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .with_max_flight_data_size(MAX_FLIGHT_DATA)
         .build(batches)
+        .inspect_ok(|data| {
+            let bytes = data.data_header.len() + data.data_body.len() + data.app_metadata.len();
+            metrics
+                .bytes_streamed
+                .inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
+        })
         .map_err(|err| match err {
             FlightError::Tonic(status) => *status,
             other => to_status(&Error::Internal {

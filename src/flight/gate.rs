@@ -97,6 +97,10 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let auth = Arc::clone(&self.auth);
         Box::pin(async move {
+            let started = std::time::Instant::now();
+            let rpc = crate::metrics::rpc_of_path(request.uri().path());
+            let command = Arc::new(crate::metrics::CallCommand::default());
+            request.extensions_mut().insert(Arc::clone(&command));
             let opens_session = SESSION_OPENING.contains(&request.uri().path());
             let admitted = match authorization(request.headers()) {
                 Ok(header) => auth.admit(header, opens_session).await,
@@ -104,7 +108,12 @@ where
             };
             let admitted = match admitted {
                 Ok(admitted) => admitted,
-                Err(err) => return Ok(to_status(&err).into_http()),
+                Err(err) => {
+                    let status = to_status(&err);
+                    let code = crate::metrics::code_name(status.code());
+                    crate::metrics::record(rpc, "none", code, started);
+                    return Ok(status.into_http());
+                }
             };
             request.extensions_mut().insert(admitted.session);
             if let Some(token) = &admitted.issued {
@@ -118,7 +127,12 @@ where
                     .headers_mut()
                     .insert(http::header::AUTHORIZATION, value);
             }
-            Ok(response)
+            let code = crate::metrics::code_in(response.headers());
+            Ok(response.map(|body| {
+                Body::new(crate::metrics::Observed::new(
+                    body, rpc, command, started, code,
+                ))
+            }))
         })
     }
 }

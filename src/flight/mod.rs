@@ -4,6 +4,7 @@
 pub(crate) mod admin;
 pub(crate) mod encode;
 pub mod gate;
+pub mod held;
 pub(crate) mod ingest;
 pub mod metadata;
 pub mod plain;

@@ -1,7 +1,8 @@
 //! Plain Arrow Flight for clients that know no Flight SQL (pyarrow.flight notebooks):
-//! `list_flights` lists the served tables; a path descriptor `[table]` or
-//! `[table, "<table_id>"]` names a table, or one DuckLake table's rows of it. Every other
-//! call goes to the Flight SQL service.
+//! `list_flights` lists the served tables; a path descriptor `[table]` names a table (read
+//! through parallel endpoints at one held snapshot), `[table, "<table_id>"]` one DuckLake
+//! table's rows of it, and `[table, "@<snapshot>"]` a table at a snapshot an earlier
+//! `GetFlightInfo` holds. Every other call goes to the Flight SQL service.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use arrow_flight::{
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::encode::PartsAt;
+use super::held::HeldId;
 use super::service::MoraineSqlService;
 use super::status::to_status;
 use super::tickets::TicketKind;
@@ -70,6 +73,46 @@ fn table_of_path(path: &[String]) -> Result<TicketKind> {
             ),
         }),
     }
+}
+
+/// The table and held snapshot a path `[table, "@<snapshot>"]` names, if it is one.
+fn held_path(path: &[String]) -> Option<Result<(CatalogTable, HeldId)>> {
+    let [table, held] = path else {
+        return None;
+    };
+    let hex = held.strip_prefix('@')?;
+    let Some(table) = CatalogTable::from_name(table) else {
+        return Some(Err(Error::NotFound {
+            what: Named::Table(table.clone()),
+        }));
+    };
+    let id = crate::key_range::unhex(hex)
+        .and_then(|bytes| HeldId::try_from(bytes).ok())
+        .ok_or_else(|| Error::Malformed {
+            part: Part::Descriptor,
+            problem: format!(
+                "path names snapshot {}, which is not 32 hex digits",
+                crate::error::excerpt(hex)
+            ),
+        });
+    Some(id.map(|id| (table, id)))
+}
+
+/// The metrics label of the Flight SQL message `bytes` hold.
+fn label_of_message(bytes: &[u8]) -> &'static str {
+    use prost::Message as _;
+    arrow_flight::sql::Any::decode(bytes)
+        .map_or("other", |any| crate::metrics::command_label(&any.type_url))
+}
+
+/// Notes, for the call's metrics, what a descriptor names.
+fn note_descriptor<T>(request: &Request<T>, descriptor: &FlightDescriptor) {
+    let command = if descriptor.r#type() == DescriptorType::Path {
+        "path"
+    } else {
+        label_of_message(&descriptor.cmd)
+    };
+    crate::metrics::note_command(request.extensions(), command);
 }
 
 /// Where client bytes that should hold a Flight SQL message came from.
@@ -175,16 +218,41 @@ impl FlightService for MoraineFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        note_descriptor(&request, request.get_ref());
         if request.get_ref().r#type() != DescriptorType::Path {
             check_message(&request.get_ref().cmd, Carrier::Descriptor)
                 .map_err(|err| to_status(&err))?;
             return FlightService::get_flight_info(&*self.sql, request).await;
         }
+        let session = super::session::caller(&request)?;
+        let owner = session.owner().map(str::to_owned);
         let descriptor = request.into_inner();
-        table_of_path(&descriptor.path)
-            .and_then(|ticket| table_info(&self.sql, &ticket, descriptor))
-            .map(Response::new)
-            .map_err(|err| to_status(&err))
+        let info = match held_path(&descriptor.path) {
+            Some(held) => match held {
+                Ok((table, id)) => {
+                    self.sql
+                        .parts_info(table, PartsAt::Held { id, owner }, descriptor)
+                        .await
+                }
+                Err(err) => Err(err),
+            },
+            None => match table_of_path(&descriptor.path) {
+                Ok(TicketKind::Table {
+                    table,
+                    table_id: None,
+                }) => match self.sql.engine.catalog().snapshot().await {
+                    Ok(view) => {
+                        self.sql
+                            .parts_info(table, PartsAt::Fresh { view, owner: None }, descriptor)
+                            .await
+                    }
+                    Err(err) => Err(err),
+                },
+                Ok(ticket) => table_info(&self.sql, &ticket, descriptor),
+                Err(err) => Err(err),
+            },
+        };
+        info.map(Response::new).map_err(|err| to_status(&err))
     }
 
     async fn poll_flight_info(
@@ -198,23 +266,29 @@ impl FlightService for MoraineFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
+        note_descriptor(&request, request.get_ref());
         if request.get_ref().r#type() != DescriptorType::Path {
             return FlightService::get_schema(&*self.sql, request).await;
         }
-        let result = table_of_path(&request.get_ref().path).and_then(|ticket| match ticket {
-            TicketKind::Table { table, .. } => {
-                SchemaResult::try_from(arrow_flight::SchemaAsIpc::new(
-                    &table_schema(table),
-                    &datafusion::arrow::ipc::writer::IpcWriteOptions::default(),
-                ))
-                .map_err(|err| Error::Internal {
-                    context: "encoding a table's schema",
-                    reason: err.to_string(),
-                })
-            }
-            TicketKind::Statement { .. } | TicketKind::Affected { .. } => {
-                Err(Error::WrongCall("not a table path"))
-            }
+        let path = &request.get_ref().path;
+        let table = match held_path(path) {
+            Some(held) => held.map(|(table, _)| table),
+            None => table_of_path(path).and_then(|ticket| match ticket {
+                TicketKind::Table { table, .. } | TicketKind::Part { table, .. } => Ok(table),
+                TicketKind::Statement { .. } | TicketKind::Affected { .. } => {
+                    Err(Error::WrongCall("not a table path"))
+                }
+            }),
+        };
+        let result = table.and_then(|table| {
+            SchemaResult::try_from(arrow_flight::SchemaAsIpc::new(
+                &table_schema(table),
+                &datafusion::arrow::ipc::writer::IpcWriteOptions::default(),
+            ))
+            .map_err(|err| Error::Internal {
+                context: "encoding a table's schema",
+                reason: err.to_string(),
+            })
         });
         result.map(Response::new).map_err(|err| to_status(&err))
     }
@@ -223,6 +297,10 @@ impl FlightService for MoraineFlightService {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        crate::metrics::note_command(
+            request.extensions(),
+            label_of_message(&request.get_ref().ticket),
+        );
         check_message(&request.get_ref().ticket, Carrier::Ticket).map_err(|err| to_status(&err))?;
         FlightService::do_get(&*self.sql, request).await
     }
@@ -245,6 +323,10 @@ impl FlightService for MoraineFlightService {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        crate::metrics::note_command(
+            request.extensions(),
+            crate::metrics::command_label(&request.get_ref().r#type),
+        );
         if super::admin::is_admin_action(&request.get_ref().r#type) {
             // JSON bodies, not Flight SQL messages.
             let session = super::session::caller(&request)?;

@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::encode::{
     BoxedStream, command_info, count_schema, flight_stream, one_batch, schema_bytes,
 };
+use super::held::HeldSnapshots;
 use super::metadata;
 use super::prepared::{Prepared, PreparedLimits, PreparedStatements};
 use super::session::caller;
@@ -47,6 +48,7 @@ pub struct MoraineSqlService {
     sql_info: SqlInfoData,
     pub(super) auth: Arc<Authenticator>,
     pub(super) ticket_key: TicketKey,
+    pub(super) held: Arc<HeldSnapshots>,
 }
 
 impl MoraineSqlService {
@@ -60,6 +62,7 @@ impl MoraineSqlService {
         prepared: PreparedLimits,
         auth: Arc<Authenticator>,
         ticket_key: TicketKey,
+        held: HeldSnapshots,
     ) -> Result<Self> {
         let timeout_ms = i32::try_from(txns.config().idle_timeout.as_millis()).unwrap_or(i32::MAX);
         Ok(Self {
@@ -74,6 +77,7 @@ impl MoraineSqlService {
             txns,
             auth,
             ticket_key,
+            held: Arc::new(held),
         })
     }
 }
@@ -123,7 +127,7 @@ impl FlightSqlService for MoraineSqlService {
                 Err(err) => Err(err),
             },
             None => {
-                self.query_info(query.query, Vec::new(), txn, descriptor)
+                self.read_info(query.query, Vec::new(), txn, &session, descriptor)
                     .await
             }
         };
@@ -153,7 +157,7 @@ impl FlightSqlService for MoraineSqlService {
                 Err(err) => Err(err),
             },
             None => {
-                self.query_info(prepared.sql, prepared.bound, txn, descriptor)
+                self.read_info(prepared.sql, prepared.bound, txn, &session, descriptor)
                     .await
             }
         };
@@ -237,6 +241,7 @@ impl FlightSqlService for MoraineSqlService {
         cmd: CommandPreparedStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
+        crate::metrics::note_command(request.extensions(), "CommandPreparedStatementUpdate");
         let session = caller(&request)?;
         status(session.require(Role::Writer, "a write statement"))?;
         let prepared = status(
@@ -276,6 +281,7 @@ impl FlightSqlService for MoraineSqlService {
         cmd: CommandStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
+        crate::metrics::note_command(request.extensions(), "CommandStatementUpdate");
         // The statement is in the descriptor; the one message carries no data.
         let session = caller(&request)?;
         let txn = status(self.txn_of(cmd.transaction_id.as_ref(), &session))?;
@@ -296,6 +302,7 @@ impl FlightSqlService for MoraineSqlService {
         cmd: CommandStatementIngest,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
+        crate::metrics::note_command(request.extensions(), "CommandStatementIngest");
         let session = caller(&request)?;
         let upload = Upload::new(request.into_inner());
         status(self.ingest(&cmd, upload, &session).await)
@@ -340,6 +347,7 @@ impl FlightSqlService for MoraineSqlService {
         cmd: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
+        crate::metrics::note_command(request.extensions(), "CommandPreparedStatementQuery");
         let session = caller(&request)?;
         let handle = cmd.prepared_statement_handle;
         let prepared = status(self.prepared.get(&handle, session.owner()))?;
@@ -552,6 +560,7 @@ impl FlightSqlService for MoraineSqlService {
         mut request: Request<PeekableFlightDataStream>,
         message: Any,
     ) -> Result<Response<BoxedStream<arrow_flight::PutResult>>, Status> {
+        crate::metrics::note_command(request.extensions(), "path");
         // A path descriptor (plain Flight) arrives here: it is no Flight SQL command.
         let path = match request.get_mut().peek().await {
             Some(Ok(first)) => first

@@ -12,6 +12,7 @@ const MAX_MESSAGE: usize = 4096;
 /// The gRPC status for `err`.
 #[must_use]
 pub fn to_status(err: &Error) -> Status {
+    crate::metrics::get().refused(err);
     let code = code_of(err);
     let server_fault = matches!(
         code,
@@ -65,7 +66,9 @@ fn code_of(err: &Error) -> Code {
             QueryErrorKind::Internal => Code::Internal,
         },
         Error::Unsupported { .. } => Code::Unimplemented,
-        Error::TransactionNotOpen { .. } | Error::NotCommitted { .. } => Code::FailedPrecondition,
+        Error::TransactionNotOpen { .. }
+        | Error::NotCommitted { .. }
+        | Error::SnapshotGone { .. } => Code::FailedPrecondition,
         Error::LimitExceeded { .. } => Code::ResourceExhausted,
         Error::NotFound { .. } => Code::NotFound,
         Error::AlreadyExists { .. } => Code::AlreadyExists,

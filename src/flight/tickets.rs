@@ -80,6 +80,18 @@ struct TicketBody {
     /// The affected-row count of a write statement already executed.
     #[prost(int64, optional, tag = "6")]
     affected: Option<i64>,
+    /// The held snapshot a part of a whole-table read reads.
+    #[prost(bytes = "vec", optional, tag = "7")]
+    snapshot: Option<Vec<u8>>,
+    /// The part's serial among the endpoints of its snapshot.
+    #[prost(uint32, tag = "8")]
+    serial: u32,
+    /// The part's least table id.
+    #[prost(int64, tag = "9")]
+    tables_from: i64,
+    /// The part's greatest table id.
+    #[prost(int64, tag = "10")]
+    tables_to: i64,
 }
 
 /// What a ticket streams.
@@ -98,6 +110,18 @@ pub enum TicketKind {
     Affected {
         /// The count.
         rows: i64,
+    },
+    /// One part of a whole-table read: the rows of a range of DuckLake tables at a held
+    /// snapshot.
+    Part {
+        /// The table.
+        table: CatalogTable,
+        /// The DuckLake tables, by id.
+        tables: std::ops::RangeInclusive<i64>,
+        /// The held snapshot.
+        snapshot: super::held::HeldId,
+        /// This endpoint among those of the snapshot.
+        serial: u32,
     },
     /// A whole table, or one DuckLake table's rows of it.
     Table {
@@ -128,6 +152,19 @@ impl TicketKind {
             },
             TicketKind::Affected { rows } => TicketBody {
                 affected: Some(*rows),
+                ..TicketBody::default()
+            },
+            TicketKind::Part {
+                table,
+                tables,
+                snapshot,
+                serial,
+            } => TicketBody {
+                table: Some(table.name().to_owned()),
+                snapshot: Some(snapshot.to_vec()),
+                serial: *serial,
+                tables_from: *tables.start(),
+                tables_to: *tables.end(),
                 ..TicketBody::default()
             },
         };
@@ -177,15 +214,28 @@ impl TicketKind {
             (None, None) if body.affected.is_some() => Ok(TicketKind::Affected {
                 rows: body.affected.unwrap_or_default(),
             }),
-            (None, Some(table)) => Ok(TicketKind::Table {
-                table: CatalogTable::from_name(&table).ok_or_else(|| {
+            (None, Some(table)) => {
+                let table = CatalogTable::from_name(&table).ok_or_else(|| {
                     ticket(format!(
                         "names unknown table {}",
                         crate::error::excerpt(&table)
                     ))
-                })?,
-                table_id: body.table_id,
-            }),
+                })?;
+                match body.snapshot {
+                    None => Ok(TicketKind::Table {
+                        table,
+                        table_id: body.table_id,
+                    }),
+                    Some(snapshot) => Ok(TicketKind::Part {
+                        table,
+                        tables: body.tables_from..=body.tables_to,
+                        snapshot: snapshot
+                            .try_into()
+                            .map_err(|_| ticket("is malformed: a snapshot id of the wrong size"))?,
+                        serial: body.serial,
+                    }),
+                }
+            }
             _ => Err(ticket("is malformed: neither a query nor a table")),
         }
     }
@@ -291,6 +341,12 @@ mod tests {
             TicketKind::Table {
                 table: CatalogTable::DataFile,
                 table_id: Some(-3),
+            },
+            TicketKind::Part {
+                table: CatalogTable::NameMapping,
+                tables: i64::MIN..=-7,
+                snapshot: [9; 16],
+                serial: 3,
             },
         ];
         let key = TicketKey::random().expect("key");

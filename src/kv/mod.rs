@@ -14,6 +14,7 @@
 //! A [`Page`] holds its pairs in one buffer: a scan allocates per page, not per pair.
 
 mod digest;
+mod divide;
 pub mod memory;
 mod overlay;
 mod page;
@@ -33,6 +34,7 @@ use futures::stream::{self, BoxStream, StreamExt as _};
 
 pub use crate::key_range::KeyRange;
 pub use digest::{Digest, Digester};
+pub use divide::{Divided, Division};
 pub use page::{KvPair, Page, PageSize};
 pub use staged::{Prior, RangeRequirement, Requirement, Staged, StagedWrites, Undo};
 pub use write_set::{Mutation, WriteSet};
@@ -235,7 +237,31 @@ pub trait KvSnapshot: Send + Sync + 'static {
         }
         Ok(out)
     }
+
+    /// Where `range` divides into spans of about equal volume, as `division` asks. This
+    /// default walks the range page by page; backends that can measure it more cheaply do.
+    async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
+        let mut divider = divide::Divider::new(division);
+        let mut rest = range.clone();
+        while !rest.is_empty() {
+            let page = self.scan_page(&rest, DIVIDE_PAGE).await?;
+            for (key, value) in page.iter() {
+                divider.add(key, key.len() + value.len());
+            }
+            match page.last_key() {
+                Some(last) if !page.is_exhausted() => rest = rest.after(last),
+                _ => break,
+            }
+        }
+        Ok(divider.finish())
+    }
 }
+
+/// Pages of the default [`KvSnapshot::divide`] walk.
+const DIVIDE_PAGE: PageSize = PageSize {
+    rows: 4096,
+    bytes: 4 << 20,
+};
 
 /// An ordered transactional key-value store, as a backend implements it.
 #[async_trait]
@@ -324,7 +350,12 @@ impl Store {
         if writes.is_empty() {
             return Ok(CommitOutcome::Committed);
         }
-        self.backend.commit(writes).await
+        let started = std::time::Instant::now();
+        let outcome = self.backend.commit(writes).await;
+        crate::metrics::get()
+            .store_commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        outcome
     }
 }
 
@@ -359,7 +390,9 @@ impl Snapshot {
     /// # Errors
     /// [`KvError`] when the backend fails.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        self.inner.get(key).await
+        let started = std::time::Instant::now();
+        let got = self.inner.get(key).await;
+        crate::metrics::get().time_read("get", started, got)
     }
 
     /// The values of `keys`, in the same order.
@@ -367,7 +400,9 @@ impl Snapshot {
     /// # Errors
     /// [`KvError`] when the backend fails.
     pub async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        self.inner.batch_get(keys).await
+        let started = std::time::Instant::now();
+        let got = self.inner.batch_get(keys).await;
+        crate::metrics::get().time_read("batch_get", started, got)
     }
 
     /// One page of `range`: its first pairs, as [`KvSnapshot::scan_page`].
@@ -378,7 +413,9 @@ impl Snapshot {
         if range.is_empty() {
             return Ok(Page::exhausted_empty());
         }
-        self.inner.scan_page(range, page).await
+        let started = std::time::Instant::now();
+        let got = self.inner.scan_page(range, page).await;
+        crate::metrics::get().time_read("scan_page", started, got)
     }
 
     /// The first page of each of `ranges`, in one round trip where the backend can.
@@ -391,6 +428,25 @@ impl Snapshot {
         page: PageSize,
     ) -> Result<Vec<Page>, KvError> {
         self.inner.scan_pages(ranges, page).await
+    }
+
+    /// Where `range` divides into spans of about equal volume.
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend fails.
+    pub async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
+        if range.is_empty() {
+            return Ok(Divided::default());
+        }
+        let started = std::time::Instant::now();
+        let divided = self.inner.divide(range, division).await;
+        let mut divided = crate::metrics::get().time_read("divide", started, divided)?;
+        let cuts = divided.cuts.len();
+        divided.cuts.retain(|cut| divide::cuts_inside(range, cut));
+        if divided.cuts.len() != cuts {
+            divided.volumes = None;
+        }
+        Ok(divided)
     }
 
     /// Streams `range` in key order, one page per item, with the default [`PageSize`].
@@ -414,7 +470,9 @@ impl Snapshot {
             let snapshot = Arc::clone(&snapshot);
             async move {
                 let range = state?;
-                match snapshot.scan_page(&range, page).await {
+                let started = std::time::Instant::now();
+                let found = snapshot.scan_page(&range, page).await;
+                match crate::metrics::get().time_read("scan_page", started, found) {
                     Err(err) => Some((Err(err), None)),
                     Ok(found) => {
                         let next = match found.last_key() {

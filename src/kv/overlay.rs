@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{KeyRange, KvError, KvSnapshot, Page, PageSize, StagedWrites};
+use super::{Divided, Division, KeyRange, KvError, KvSnapshot, Page, PageSize, StagedWrites};
 
 pub(crate) struct OverlaySnapshot {
     pub(crate) base: Arc<dyn KvSnapshot>,
@@ -40,6 +40,11 @@ impl KvSnapshot for OverlaySnapshot {
                 None => from_base.next().flatten(),
             })
             .collect())
+    }
+
+    /// The base's division: a transaction's staged writes are small beside what it reads.
+    async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
+        self.base.divide(range, division).await
     }
 
     async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {

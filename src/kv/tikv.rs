@@ -39,8 +39,8 @@ use tikv_client::{
 };
 
 use super::{
-    CommitOutcome, Conflict, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, Requirement,
-    StagedWrites,
+    CommitOutcome, Conflict, Divided, Division, KeyRange, KvBackend, KvError, KvSnapshot, Page,
+    PageSize, Requirement, StagedWrites,
 };
 
 const NAME: &str = "tikv";
@@ -57,6 +57,10 @@ const LOCK_BACKOFF_MAX_MS: u64 = 100;
 
 /// How long a request that needs PD sleeps before asking an unreachable PD again.
 const PD_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Most region boundaries one division asks PD for (one call each); a range over more
+/// regions divides at the first of them.
+const MAX_REGIONS_DIVIDED: usize = 4096;
 
 /// How long PD keeps a deployment's service safe point without a renewal.
 pub const GC_SERVICE_TTL: Duration = Duration::from_mins(30);
@@ -297,6 +301,7 @@ impl TikvBackend {
             let reads = super::Snapshot {
                 inner: Arc::new(Snapshot {
                     client: self.client.clone(),
+                    pd_endpoints: Arc::clone(&self.pd_endpoints),
                     timestamp: txn.start_timestamp(),
                     lock_wait: self.options.lock_wait.saturating_sub(started.elapsed()),
                     _registration: OpenSnapshot::register(
@@ -449,6 +454,7 @@ impl KvBackend for TikvBackend {
         let registration = OpenSnapshot::register(&self.open, timestamp.version());
         Ok(Arc::new(Snapshot {
             client: self.client.clone(),
+            pd_endpoints: Arc::clone(&self.pd_endpoints),
             timestamp,
             lock_wait: self.options.lock_wait,
             _registration: registration,
@@ -479,6 +485,7 @@ impl KvBackend for TikvBackend {
 /// lives so that GC does not pass it.
 struct Snapshot {
     client: TransactionClient,
+    pd_endpoints: Arc<[String]>,
     timestamp: Timestamp,
     lock_wait: Duration,
     _registration: OpenSnapshot,
@@ -545,6 +552,27 @@ impl KvSnapshot for Snapshot {
             .await?;
         // A key asked for twice is answered twice.
         Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
+    }
+
+    /// At the region boundaries inside `range`: TiKV splits regions by size, so they are
+    /// spans of about equal volume already, and a read of one stays on one region. Their
+    /// volume is not measured.
+    async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
+        let starts = super::pd::region_starts(
+            &self.pd_endpoints,
+            &range.start,
+            &range.end,
+            MAX_REGIONS_DIVIDED,
+        )
+        .await
+        .map_err(|reason| KvError::Unavailable {
+            backend: NAME,
+            reason: format!("asking PD for region boundaries failed: {reason}"),
+        })?;
+        Ok(Divided {
+            cuts: super::divide::thinned(starts, division.max_spans),
+            volumes: None,
+        })
     }
 
     async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {

@@ -39,7 +39,7 @@ use datafusion::prelude::SessionConfig;
 
 use crate::catalog::{Catalog, CatalogSnapshot};
 use crate::error::{Error, QueryErrorKind, Result};
-use crate::model::CatalogTable;
+use crate::model::{CatalogTable, TableId};
 use provider::CatalogTableProvider;
 
 /// The catalog name clients see.
@@ -461,6 +461,115 @@ impl QueryEngine {
         let stream = datafusion::physical_plan::execute_stream(physical, Arc::clone(&self.task))
             .map_err(from_datafusion)?;
         Ok(limits::with_deadline(stream, self.limits.statement_timeout))
+    }
+
+    /// The catalog table `sql` reads whole, when it is exactly `SELECT * FROM <table>` (the
+    /// name qualified or not): a read that may be served as parallel parts.
+    #[must_use]
+    pub fn whole_table(&self, sql: &str) -> Option<CatalogTable> {
+        use datafusion::sql::sqlparser::ast::{
+            SelectItem, SetExpr, Statement, TableFactor, WildcardAdditionalOptions,
+        };
+        let dialect = self.base.config().options().sql_parser.dialect;
+        let Ok(datafusion::sql::parser::Statement::Statement(statement)) =
+            self.base.sql_to_statement(sql, &dialect)
+        else {
+            return None;
+        };
+        let Statement::Query(query) = *statement else {
+            return None;
+        };
+        let plain_query = query.with.is_none()
+            && query.order_by.is_none()
+            && query.limit_clause.is_none()
+            && query.fetch.is_none()
+            && query.locks.is_empty();
+        let SetExpr::Select(select) = *query.body else {
+            return None;
+        };
+        let plain_select = plain_query
+            && select.distinct.is_none()
+            && select.top.is_none()
+            && select.selection.is_none()
+            && select.having.is_none()
+            && select.qualify.is_none()
+            && select.named_window.is_empty()
+            && select.lateral_views.is_empty()
+            && matches!(&select.group_by, datafusion::sql::sqlparser::ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
+            && matches!(select.projection.as_slice(), [SelectItem::Wildcard(options)] if *options == WildcardAdditionalOptions::default());
+        let [from] = select.from.as_slice() else {
+            return None;
+        };
+        if !plain_select || !from.joins.is_empty() {
+            return None;
+        }
+        let TableFactor::Table {
+            name,
+            alias: None,
+            args: None,
+            with_hints,
+            version: None,
+            partitions,
+            ..
+        } = &from.relation
+        else {
+            return None;
+        };
+        if !with_hints.is_empty() || !partitions.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|part| {
+                // Unquoted names are folded to lower case, as the planner folds them.
+                part.as_ident().map(|ident| match ident.quote_style {
+                    Some(_) => ident.value.clone(),
+                    None => ident.value.to_lowercase(),
+                })
+            })
+            .collect::<Option<_>>()?;
+        let (table, qualifiers) = parts.split_last()?;
+        let known = match qualifiers {
+            [] => true,
+            [schema] => schema == SCHEMA_NAME,
+            [catalog, schema] => catalog == CATALOG_NAME && schema == SCHEMA_NAME,
+            _ => false,
+        };
+        known.then(|| CatalogTable::from_name(table)).flatten()
+    }
+
+    /// Streams the rows of `table` in the DuckLake tables `tables` at `snapshot`, in key
+    /// order (`table_id`, then the row's id): one part of a whole-table read.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub fn scan_part(
+        &self,
+        snapshot: &CatalogSnapshot,
+        table: CatalogTable,
+        tables: std::ops::RangeInclusive<i64>,
+    ) -> Result<SendableRecordBatchStream> {
+        let kind = provider::row_kind(table);
+        let ids = pushdown::IdSet::range(tables.clone());
+        let scan = scan::CatalogScanExec::try_new(
+            arrow::Shape::Table(table),
+            snapshot.clone(),
+            scan::Access::Ranges {
+                ranges: vec![
+                    snapshot
+                        .keyspace()
+                        .table_span(kind, TableId(*tables.start())..=TableId(*tables.end())),
+                ],
+                tables: Some(ids),
+            },
+            arrow::Keep::default(),
+            None,
+            1,
+            None,
+        )
+        .map_err(from_datafusion)?;
+        self.run(Arc::new(scan))
     }
 
     /// Streams one catalog table, optionally only the rows of one DuckLake table.

@@ -35,6 +35,15 @@ impl CatalogTableProvider {
     }
 }
 
+/// The kind of record `table`'s rows come from: a mapping record holds its
+/// `ducklake_column_mapping` row and its `ducklake_name_mapping` rows.
+pub(crate) fn row_kind(table: CatalogTable) -> Kind {
+    match table {
+        CatalogTable::ColumnMapping | CatalogTable::NameMapping => Kind::Mapping,
+        CatalogTable::DataFile => Kind::DataFile,
+    }
+}
+
 /// The key ranges of `tables` in row kind `kind`, each narrowed to the ids `rows` admit when
 /// it is one table.
 pub(super) fn table_ranges(
@@ -86,10 +95,7 @@ impl TableProvider for CatalogTableProvider {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let kind = match self.table {
-            CatalogTable::ColumnMapping | CatalogTable::NameMapping => Kind::Mapping,
-            CatalogTable::DataFile => Kind::DataFile,
-        };
+        let kind = row_kind(self.table);
         let snapshot = super::snapshot_of(state)?;
         let constraints = if self.fast.key_ranges {
             KeyConstraints::of(self.table, filters)

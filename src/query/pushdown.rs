@@ -29,6 +29,12 @@ impl IdSet {
         IdSet(vec![id..=id])
     }
 
+    /// The ids `range`.
+    #[must_use]
+    pub fn range(range: RangeInclusive<i64>) -> Self {
+        IdSet::from_ranges(vec![range])
+    }
+
     /// The ids `ids`.
     #[must_use]
     pub fn of(ids: &[i64]) -> Self {

@@ -61,13 +61,15 @@ pub async fn commit_batch_at(
 /// As [`commit_batch`].
 pub async fn commit(catalog: &Catalog, staging: Staging) -> Result<CommitReport> {
     let (writes, affected, summary) = staging.into_writes()?;
-    match catalog.store().commit_staged(writes).await? {
+    let outcome = match catalog.store().commit_staged(writes).await? {
         CommitOutcome::Committed => Ok(CommitReport { affected, summary }),
         CommitOutcome::Conflict(conflict) => Err(Error::CommitConflict {
             on: describe(catalog, &conflict),
         }),
         CommitOutcome::Unknown { reason } => Err(Error::CommitUnknown { reason }),
-    }
+    };
+    crate::metrics::get().commit_outcome(&outcome);
+    outcome
 }
 
 /// The conflict in the catalog's terms: which mapping, data file or table changed underneath.

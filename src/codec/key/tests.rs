@@ -416,3 +416,34 @@ proptest! {
         prop_assert!(a.decode(&key_b).is_err());
     }
 }
+
+proptest! {
+    /// A division at any key falls between tables: every table lies wholly before or wholly
+    /// after the table `first_table_from` names.
+    #[test]
+    fn a_cut_falls_between_tables(table in any::<i64>(), id in any::<i64>(), cut_len in 0usize..20) {
+        let keyspace = Keyspace::new(KeyPrefix::new("lake").expect("valid prefix"));
+        let key = keyspace.row_key(Kind::Mapping, TableId(table), id);
+        let cut = key.get(..cut_len.min(key.len())).expect("in bounds").to_vec();
+        let after = keyspace.first_table_from(Kind::Mapping, &cut);
+        let kind = keyspace.kind_range(Kind::Mapping);
+        match after {
+            Some(first) => {
+                let start = keyspace.table_range(Kind::Mapping, TableId(first)).start;
+                prop_assert!(cut <= start, "table {first} starts before the cut");
+                if first > i64::MIN {
+                    let before = keyspace.table_range(Kind::Mapping, TableId(first - 1));
+                    prop_assert!(before.start < cut || cut <= kind.start);
+                }
+                if cut.len() >= kind.start.len() + 8 {
+                    prop_assert!(first == table || first == table.wrapping_add(1));
+                }
+            }
+            None => prop_assert!(table == i64::MAX && cut > keyspace.table_range(Kind::Mapping, TableId(table)).start),
+        }
+        prop_assert_eq!(
+            keyspace.first_table_from(Kind::Mapping, &keyspace.table_range(Kind::Mapping, TableId(table)).start),
+            Some(table)
+        );
+    }
+}

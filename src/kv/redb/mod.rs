@@ -30,10 +30,12 @@ use redb::{
     TableDefinition,
 };
 
+use super::divide::Divider;
 use super::overlay::OverlaySnapshot;
 use super::page::fill_page;
 use super::{
-    CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites,
+    CommitOutcome, Divided, Division, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize,
+    StagedWrites,
 };
 pub use log::LOG_NAME;
 use log::Log;
@@ -646,6 +648,31 @@ impl KvSnapshot for RedbSnapshot {
         })
         .await
     }
+
+    async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
+        let table = Arc::clone(&self.table);
+        let range = range.clone();
+        blocking(move || divide_of(&table, &range, division)).await
+    }
+}
+
+/// Walks `range` reading only the lengths of its keys and values: redb hands out views of
+/// its pages, so nothing is copied but the few keys kept as cuts.
+fn divide_of(
+    table: &ReadOnlyTable<&'static [u8], &'static [u8]>,
+    range: &KeyRange,
+    division: Division,
+) -> Result<Divided, KvError> {
+    let mut divider = Divider::new(division);
+    for item in table
+        .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
+        .map_err(failed)?
+    {
+        let (key, value) = item.map_err(failed)?;
+        let key = key.value();
+        divider.add(key, key.len() + value.value().len());
+    }
+    Ok(divider.finish())
 }
 
 async fn blocking<T: Send + 'static>(
