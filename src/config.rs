@@ -209,3 +209,25 @@ pub struct ImportConfig {
     /// The dump: `{"steps": {"<commit>": {"<table>": {"columns": [...], "added": [...], "removed": [...]}}}}`.
     pub file: PathBuf,
 }
+
+/// How a client command (`export`, `import --from`) reaches a server: credentials and TLS.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientConfig {
+    /// Log in as this user (a Handshake with Basic credentials); the password comes from
+    /// `MORAINE_PASSWORD`, else from the first line of standard input. Takes precedence over
+    /// a token.
+    #[arg(long)]
+    pub username: Option<String>,
+    /// A bearer token (`moraine token create`), sent as `authorization: Bearer …`.
+    #[arg(long, env = "MORAINE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM CA certificates to trust for a `grpc+tls://` server.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain, for a server that requires mutual TLS.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}

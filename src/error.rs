@@ -167,6 +167,20 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// A server refused a call of one of moraine's client commands (`moraine export`,
+    /// `moraine import --from`), or could not be reached. Never sent by the server.
+    #[error("{call}: {code}: {message}{advice}")]
+    Remote {
+        /// The call, with what it named (`GetFlightInfo [ducklake_data_file]`).
+        call: String,
+        /// The gRPC status code's canonical name (`FAILED_PRECONDITION`), or `transport`
+        /// for a connection that failed below gRPC.
+        code: &'static str,
+        /// The server's message.
+        message: String,
+        /// What the operator can do about it, as a sentence starting with `; `, or empty.
+        advice: &'static str,
+    },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]
     Config {

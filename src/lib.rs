@@ -38,6 +38,7 @@
 pub mod auth;
 pub(crate) mod batch;
 pub mod catalog;
+pub mod client;
 pub mod clock;
 pub mod codec;
 pub mod config;
@@ -49,6 +50,7 @@ pub mod import;
 mod key_range;
 pub mod kv;
 pub mod model;
+pub mod progress;
 pub mod query;
 pub mod server;
 mod text;
