@@ -25,6 +25,9 @@ pub enum Command {
     Serve(Box<ServeConfig>),
     /// Replay a JSON dump of DuckLake commits into the embedded store (while no server holds it).
     Import(ImportConfig),
+    /// Write the catalog's tables, read from a server, to Parquet or Arrow IPC files with a
+    /// manifest of their checksums.
+    Export(ExportConfig),
     /// Manage the users of a credentials file (a running server rereads it on SIGHUP).
     #[command(subcommand)]
     User(UserCommand),
@@ -208,6 +211,40 @@ pub struct ImportConfig {
     pub data: PathBuf,
     /// The dump: `{"steps": {"<commit>": {"<table>": {"columns": [...], "added": [...], "removed": [...]}}}}`.
     pub file: PathBuf,
+}
+
+/// The file format of an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Parquet, zstd-compressed.
+    Parquet,
+    /// Arrow IPC files.
+    Arrow,
+}
+
+/// Settings of `moraine export`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportConfig {
+    /// The server to read from (`grpc://HOST:PORT`, `grpc+tls://HOST:PORT`).
+    #[arg(long, env = "MORAINE_SERVER")]
+    pub server: String,
+    /// Directory to write the files and `manifest.json` to, created if missing; one that
+    /// holds an export already is refused.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Tables to export, comma-separated (default: all three).
+    #[arg(long, value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// File format.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Parquet)]
+    pub format: ExportFormat,
+    /// Endpoints read at once. Each holds at most a few batches in memory while the files
+    /// are written in endpoint order.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub parallel: u64,
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub client: ClientConfig,
 }
 
 /// How a client command (`export`, `import --from`) reaches a server: credentials and TLS.

@@ -181,6 +181,15 @@ pub enum Error {
         /// What the operator can do about it, as a sentence starting with `; `, or empty.
         advice: &'static str,
     },
+    /// A file of an export (written by `moraine export`, read by `moraine import --from`)
+    /// that cannot be written or read, or does not match its manifest.
+    #[error("{}: {problem}", path.display())]
+    ExportFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]
     Config {

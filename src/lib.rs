@@ -34,6 +34,13 @@
 //! components and values are tabled once, in [`codec::key`].
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
+//!
+//! # Client commands
+//!
+//! `moraine export` talks to a server as any Flight client does: [`client`] connects and
+//! logs in, [`export`] reads the tables into Parquet or Arrow IPC files with a manifest, and
+//! [`progress`] reports on it. It uses the server's Arrow shapes ([`model`]) and nothing of
+//! its storage.
 
 pub mod auth;
 pub(crate) mod batch;
@@ -43,6 +50,7 @@ pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod export;
 pub(crate) mod flight;
 #[doc(hidden)]
 pub mod fuzz;
