@@ -10,7 +10,8 @@
 //!   ┌────┴──────────────┐                         txn       transactions, sessions, expiry
 //!   query/ (DataFusion)  write/ (stage, fold,     query/    providers, pushdown, scans
 //!   streams projections  validate, commit)        write/    the staged write path
-//!   └────┬──────────────┘                         import    DuckLake commit dumps, offline
+//!   └────┬──────────────┘                         import    DuckLake commit dumps, offline;
+//!        │                                                  exports staged through a server
 //!        │                                        catalog/  snapshot reads of records
 //!        │ model::{ColumnMapping, DataFile}       model/    pure domain, column tables
 //!        │ batch: the tables as Arrow             batch     schemas, builders, typed columns
@@ -37,10 +38,11 @@
 //!
 //! # Client commands
 //!
-//! `moraine export` talks to a server as any Flight client does: [`client`] connects and
-//! logs in, [`export`] reads the tables into Parquet or Arrow IPC files with a manifest, and
-//! [`progress`] reports on it. It uses the server's Arrow shapes ([`model`]) and nothing of
-//! its storage.
+//! `moraine export` and `moraine import --from` talk to a server as any Flight client does:
+//! [`client`] connects and logs in, [`export`] reads the tables into Parquet or Arrow IPC
+//! files with a manifest, [`import::flight`] stages such an export back in atomic batches,
+//! and [`progress`] reports on both. They use the server's Arrow shapes ([`model`]) and
+//! nothing of its storage.
 
 pub mod auth;
 pub(crate) mod batch;

@@ -77,7 +77,10 @@ fn code_of(err: &Error) -> Code {
         | Error::BadRows { .. }
         | Error::Config { .. } => Code::InvalidArgument,
         // Errors of the client commands: a server that produced one has a bug.
-        Error::Internal { .. } | Error::Remote { .. } | Error::ExportFile { .. } => Code::Internal,
+        Error::Internal { .. }
+        | Error::Remote { .. }
+        | Error::ExportFile { .. }
+        | Error::ImportStopped { .. } => Code::Internal,
         Error::Timeout { .. } => Code::DeadlineExceeded,
         Error::Unauthenticated { .. } => Code::Unauthenticated,
         Error::PermissionDenied { .. } => Code::PermissionDenied,
