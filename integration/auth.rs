@@ -486,13 +486,15 @@ async fn a_session_cannot_touch_anothers_transactions_statements_or_tickets() {
 }
 
 /// A CA and the certificates the TLS tests use, as PEM files in `dir`.
-struct Pki {
-    ca: String,
-    client_cert: String,
-    client_key: String,
+pub(crate) struct Pki {
+    pub(crate) ca: String,
+    pub(crate) client_cert: String,
+    pub(crate) client_key: String,
 }
 
-fn make_pki(dir: &Path, name: &str) -> (Pki, TlsFiles) {
+/// A CA, a server certificate for `localhost` and `127.0.0.1` (its files in `dir`) and a
+/// client certificate, all made here.
+pub(crate) fn make_pki(dir: &Path, name: &str) -> (Pki, TlsFiles) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
     let ca_key = KeyPair::generate().expect("key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");

@@ -7,6 +7,8 @@
 //! - [`write_path`]: the staged write path (fold, validation, deletes, commit) on every backend.
 //! - [`flight_sql`], [`flight_writes`]: the Flight SQL server over real gRPC, reads and writes.
 //! - [`auth`]: logins, tokens, roles, per-session isolation and TLS over real gRPC.
+//! - [`export`]: `moraine export` and `moraine import --from`, the binary against servers
+//!   over real gRPC.
 
 #![allow(
     clippy::indexing_slicing,
@@ -17,6 +19,7 @@ mod auth;
 mod conformance;
 mod ducklake_fixture;
 mod endpoints;
+mod export;
 #[cfg(feature = "tikv")]
 mod fake_tikv;
 mod flight_sql;

@@ -23,8 +23,12 @@ pub struct Cli {
 pub enum Command {
     /// Serve the catalog over Arrow Flight SQL.
     Serve(Box<ServeConfig>),
-    /// Replay a JSON dump of DuckLake commits into the embedded store (while no server holds it).
+    /// Replay a JSON dump of DuckLake commits into the embedded store (while no server holds
+    /// it), or, with `--server` and `--from`, stage an export back through a server.
     Import(ImportConfig),
+    /// Write the catalog's tables, read from a server, to Parquet or Arrow IPC files with a
+    /// manifest of their checksums.
+    Export(ExportConfig),
     /// Manage the users of a credentials file (a running server rereads it on SIGHUP).
     #[command(subcommand)]
     User(UserCommand),
@@ -232,12 +236,180 @@ impl ServeConfig {
     }
 }
 
-/// Settings of `moraine import`.
+/// Settings of `moraine import`: a dump `FILE` replayed into `--data` offline, or an export
+/// `--from DIR` staged through `--server`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["file", "from"])))]
 pub struct ImportConfig {
-    /// Directory of the embedded store, created if missing.
+    /// Directory of the embedded store, created if missing (for a `FILE` import).
     #[arg(long, env = "MORAINE_DATA", default_value = "./moraine-data")]
     pub data: PathBuf,
     /// The dump: `{"steps": {"<commit>": {"<table>": {"columns": [...], "added": [...], "removed": [...]}}}}`.
-    pub file: PathBuf,
+    #[arg(conflicts_with_all = ["from", "server"])]
+    pub file: Option<PathBuf>,
+    /// The server to stage the export through (`grpc://HOST:PORT`, `grpc+tls://HOST:PORT`).
+    #[arg(long, requires = "from")]
+    pub server: Option<String>,
+    /// An export directory (`moraine export --out`): its manifest's checksums are verified
+    /// before anything is staged.
+    #[arg(long, requires = "server")]
+    pub from: Option<PathBuf>,
+    /// Mappings per transaction (with their name rows), and data files per transaction
+    /// [default: 10000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    pub batch: Option<u64>,
+    /// Mappings to skip (with their name rows), in the export's order: those an earlier,
+    /// stopped import already committed (its message says how many).
+    #[arg(long)]
+    pub skip_mappings: Option<u64>,
+    /// Data files to skip, in the export's order: those an earlier, stopped import already
+    /// committed (its message says how many).
+    #[arg(long)]
+    pub skip_files: Option<u64>,
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub client: ClientConfig,
+}
+
+/// Mappings (or data files) per transaction of `moraine import --from`, unless `--batch`.
+pub const DEFAULT_IMPORT_BATCH: usize = 10_000;
+
+/// What `moraine import` was asked to do, once its arguments are checked.
+#[derive(Debug, Clone)]
+pub enum ImportMode {
+    /// Replay a dump of DuckLake commits into the embedded store in `data`.
+    Dump {
+        /// The store's directory.
+        data: PathBuf,
+        /// The dump.
+        file: PathBuf,
+    },
+    /// Stage an export through a server.
+    Flight(FlightImport),
+}
+
+/// Settings of `moraine import --server … --from …`.
+#[derive(Debug, Clone)]
+pub struct FlightImport {
+    /// The server.
+    pub server: String,
+    /// The export directory.
+    pub from: PathBuf,
+    /// Mappings (or data files) per transaction.
+    pub batch: usize,
+    /// Mappings an earlier import already committed.
+    pub skip_mappings: u64,
+    /// Data files an earlier import already committed.
+    pub skip_files: u64,
+    /// Credentials and TLS.
+    pub client: ClientConfig,
+}
+
+impl ImportConfig {
+    /// Which import this is.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] naming what is missing or mixed (clap already refuses most of
+    /// it; this holds for configs built otherwise).
+    pub fn mode(self) -> crate::Result<ImportMode> {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        match (self.file, self.server, self.from) {
+            (Some(_), None, None)
+                if self.batch.is_some()
+                    || self.skip_mappings.is_some()
+                    || self.skip_files.is_some() =>
+            {
+                Err(crate::Error::Config {
+                    setting: "batch",
+                    reason: "--batch, --skip-mappings and --skip-files are for an import --from \
+                             an export; a dump FILE is replayed one commit at a time"
+                        .into(),
+                })
+            }
+            (Some(file), None, None) => Ok(ImportMode::Dump {
+                data: self.data,
+                file,
+            }),
+            (None, Some(server), Some(from)) => Ok(ImportMode::Flight(FlightImport {
+                server,
+                from,
+                batch: self.batch.map_or(DEFAULT_IMPORT_BATCH, count).max(1),
+                skip_mappings: self.skip_mappings.unwrap_or(0),
+                skip_files: self.skip_files.unwrap_or(0),
+                client: self.client,
+            })),
+            (Some(_), _, _) => Err(crate::Error::Config {
+                setting: "file",
+                reason: "a dump FILE is imported into --data offline; --server and --from \
+                         import an export through a server: give one or the other"
+                    .into(),
+            }),
+            (None, None, _) => Err(crate::Error::Config {
+                setting: "server",
+                reason: "import --from DIR needs --server URI to stage through (or give a \
+                         dump FILE to import into --data offline)"
+                    .into(),
+            }),
+            (None, Some(_), None) => Err(crate::Error::Config {
+                setting: "from",
+                reason: "import --server URI needs --from DIR, the export to stage".into(),
+            }),
+        }
+    }
+}
+
+/// The file format of an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Parquet, zstd-compressed.
+    Parquet,
+    /// Arrow IPC files.
+    Arrow,
+}
+
+/// Settings of `moraine export`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportConfig {
+    /// The server to read from (`grpc://HOST:PORT`, `grpc+tls://HOST:PORT`).
+    #[arg(long, env = "MORAINE_SERVER")]
+    pub server: String,
+    /// Directory to write the files and `manifest.json` to, created if missing; one that
+    /// holds an export already is refused.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Tables to export, comma-separated (default: all three).
+    #[arg(long, value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// File format.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Parquet)]
+    pub format: ExportFormat,
+    /// Endpoints read at once. Each holds at most a few batches in memory while the files
+    /// are written in endpoint order.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub parallel: u64,
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub client: ClientConfig,
+}
+
+/// How a client command (`export`, `import --from`) reaches a server: credentials and TLS.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientConfig {
+    /// Log in as this user (a Handshake with Basic credentials); the password comes from
+    /// `MORAINE_PASSWORD`, else from the first line of standard input. Takes precedence over
+    /// a token.
+    #[arg(long)]
+    pub username: Option<String>,
+    /// A bearer token (`moraine token create`), sent as `authorization: Bearer …`.
+    #[arg(long, env = "MORAINE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM CA certificates to trust for a `grpc+tls://` server.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain, for a server that requires mutual TLS.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }

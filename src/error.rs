@@ -178,6 +178,50 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// A server refused a call of one of moraine's client commands (`moraine export`,
+    /// `moraine import --from`), or could not be reached. Never sent by the server.
+    #[error("{call}: {code}: {message}{advice}")]
+    Remote {
+        /// The call, with what it named (`GetFlightInfo [ducklake_data_file]`).
+        call: String,
+        /// The gRPC status code's canonical name (`FAILED_PRECONDITION`), or `transport`
+        /// for a connection that failed below gRPC.
+        code: &'static str,
+        /// The server's message.
+        message: String,
+        /// What the operator can do about it, as a sentence starting with `; `, or empty.
+        advice: &'static str,
+    },
+    /// A file of an export (written by `moraine export`, read by `moraine import --from`)
+    /// that cannot be written or read, or does not match its manifest.
+    #[error("{}: {problem}", path.display())]
+    ExportFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// An import through a server stopped at a batch the server refused, or that could not
+    /// be read; what was committed before it stays committed.
+    #[error(
+        "import stopped at {what}: {cause}. {outcome}. {}",
+        resume_phrase(*landed, *skip_mappings, *skip_files)
+    )]
+    ImportStopped {
+        /// What the batch held (`batch 3: mappings 9 to 12 (…)`).
+        what: String,
+        /// Whether anything of the batch was written, as a sentence.
+        outcome: &'static str,
+        /// The refusal.
+        cause: Box<Error>,
+        /// Batches this run committed before it.
+        landed: usize,
+        /// Mappings committed before it, in the export's order (this run's and those it
+        /// skipped): what `--skip-mappings` resumes after.
+        skip_mappings: u64,
+        /// Data files committed before it, likewise: what `--skip-files` resumes after.
+        skip_files: u64,
+    },
     /// A setting that cannot work, found at startup.
     #[error("invalid setting {setting}: {reason}")]
     Config {
@@ -186,6 +230,26 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// What [`Error::ImportStopped`] says of what was committed before the batch that stopped it.
+fn resume_phrase(landed: usize, skip_mappings: u64, skip_files: u64) -> String {
+    if skip_mappings == 0 && skip_files == 0 {
+        return "Nothing was committed before it".to_owned();
+    }
+    let batches = match landed {
+        1 => "1 batch of this run".to_owned(),
+        n => format!("{n} batches of this run"),
+    };
+    let resume = if skip_files == 0 {
+        format!("--skip-mappings {skip_mappings}")
+    } else {
+        format!("--skip-mappings {skip_mappings} --skip-files {skip_files}")
+    };
+    format!(
+        "The {skip_mappings} mappings and {skip_files} data files before it stay committed \
+         ({batches}): re-run with {resume} to go on after them"
+    )
 }
 
 /// A limit of the server, each set by a flag of `moraine serve`.

@@ -5,6 +5,11 @@
 //! Per commit: `added` rows of the three tables are inserts; a data file both removed and
 //! added with only `end_snapshot` changed is DuckLake's end transition; a data file only
 //! removed is a delete. Other tables (`ducklake_snapshot`, …) are ignored.
+//!
+//! [`flight`] is the other import: an export of `moraine export`, staged through a running
+//! server.
+
+pub mod flight;
 
 use std::collections::BTreeMap;
 

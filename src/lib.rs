@@ -10,7 +10,8 @@
 //!   ┌────┴──────────────┐                         txn       transactions, sessions, expiry
 //!   query/ (DataFusion)  write/ (stage, fold,     query/    providers, pushdown, scans
 //!   streams projections  validate, commit)        write/    the staged write path
-//!   └────┬──────────────┘                         import    DuckLake commit dumps, offline
+//!   └────┬──────────────┘                         import    DuckLake commit dumps, offline;
+//!        │                                                  exports staged through a server
 //!        │                                        catalog/  snapshot reads of records
 //!        │ model::{ColumnMapping, DataFile}       model/    pure domain, column tables
 //!        │ batch: the tables as Arrow             batch     schemas, builders, typed columns
@@ -34,14 +35,24 @@
 //! components and values are tabled once, in [`codec::key`].
 //!
 //! Values are a format version byte, a protobuf body and a checksum (see [`codec::value`]).
+//!
+//! # Client commands
+//!
+//! `moraine export` and `moraine import --from` talk to a server as any Flight client does:
+//! [`client`] connects and logs in, [`export`] reads the tables into Parquet or Arrow IPC
+//! files with a manifest, [`import::flight`] stages such an export back in atomic batches,
+//! and [`progress`] reports on both. They use the server's Arrow shapes ([`model`]) and
+//! nothing of its storage.
 
 pub mod auth;
 pub(crate) mod batch;
 pub mod catalog;
+pub mod client;
 pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod export;
 pub(crate) mod flight;
 #[doc(hidden)]
 pub mod fuzz;
@@ -50,6 +61,7 @@ mod key_range;
 pub mod kv;
 pub mod metrics;
 pub mod model;
+pub mod progress;
 pub mod query;
 pub mod server;
 mod text;

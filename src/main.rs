@@ -52,6 +52,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(config) => moraine::server::serve(*config).await,
             Command::Import(config) => moraine::server::import(config).await,
+            Command::Export(config) => moraine::export::export(config).await.map(drop),
             Command::User(command) => moraine::auth::cli::user(command),
             Command::Token(command) => moraine::auth::cli::token(command),
         }

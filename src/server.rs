@@ -14,7 +14,7 @@ use crate::auth::Authenticator;
 use crate::catalog::Catalog;
 use crate::clock::Clock;
 use crate::codec::{KeyPrefix, Keyspace};
-use crate::config::{ImportConfig, ServeConfig};
+use crate::config::{ImportConfig, ImportMode, ServeConfig};
 use crate::error::{Error, Result};
 use crate::flight::gate::Gate;
 use crate::flight::held::HeldSnapshots;
@@ -594,18 +594,27 @@ async fn shutdown_signal() -> Result<()> {
     }
 }
 
-/// Runs `moraine import`: replays a dump of DuckLake commits into the store.
+/// Runs `moraine import`: replays a dump of DuckLake commits into the store, or stages an
+/// export through a server ([`crate::import::flight`]).
 ///
 /// # Errors
-/// When the file cannot be read or parsed, or a commit is refused (its error names the
-/// commit; the commits before it stay committed).
+/// When the arguments mix the two imports; when the file cannot be read or parsed, or a
+/// commit is refused (its error names the commit; the commits before it stay committed).
 pub async fn import(config: ImportConfig) -> Result<()> {
-    let text = std::fs::read_to_string(&config.file).map_err(|err| Error::Config {
+    match config.mode()? {
+        ImportMode::Dump { data, file } => import_dump(&data, &file).await,
+        ImportMode::Flight(import) => crate::import::flight::import(import).await.map(drop),
+    }
+}
+
+/// Replays the dump `file` into the embedded store in `data`.
+async fn import_dump(data: &std::path::Path, file: &std::path::Path) -> Result<()> {
+    let text = std::fs::read_to_string(file).map_err(|err| Error::Config {
         setting: "file",
-        reason: format!("{}: {err}", config.file.display()),
+        reason: format!("{}: {err}", file.display()),
     })?;
     let commits = crate::import::ducklake_steps(&text)?;
-    let store = open_embedded(&config.data, crate::kv::redb::RedbOptions::default()).await?;
+    let store = open_embedded(data, crate::kv::redb::RedbOptions::default()).await?;
     let catalog = Catalog::new(store, Keyspace::default());
     upgrade(&catalog).await?;
     for commit in &commits {

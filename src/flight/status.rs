@@ -79,7 +79,11 @@ fn code_of(err: &Error) -> Code {
         | Error::ParameterRows { .. }
         | Error::BadRows { .. }
         | Error::Config { .. } => Code::InvalidArgument,
-        Error::Internal { .. } => Code::Internal,
+        // Errors of the client commands: a server that produced one has a bug.
+        Error::Internal { .. }
+        | Error::Remote { .. }
+        | Error::ExportFile { .. }
+        | Error::ImportStopped { .. } => Code::Internal,
         Error::Timeout { .. } => Code::DeadlineExceeded,
         Error::Unauthenticated { .. } => Code::Unauthenticated,
         Error::PermissionDenied { .. } => Code::PermissionDenied,
