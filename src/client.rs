@@ -78,30 +78,6 @@ pub struct Client {
     flight: Flight,
 }
 
-/// The canonical name of a gRPC status code, as the gRPC specification spells it.
-#[must_use]
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 /// `err` and its causes, joined: tonic's transport errors say little on their own.
 fn chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
@@ -138,7 +114,7 @@ pub fn refused(call: impl Into<String>, status: &Status) -> Error {
     }
     Error::Remote {
         call: call.into(),
-        code: code_name(status.code()),
+        code: crate::metrics::code_name(status.code()),
         message,
         advice,
     }

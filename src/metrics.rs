@@ -248,7 +248,8 @@ pub fn get() -> &'static Metrics {
     &METRICS
 }
 
-/// The gRPC status code's name, as Prometheus labels show it.
+/// The canonical name of a gRPC status code, as the gRPC specification spells it: metrics
+/// labels and the client commands' messages use it.
 #[must_use]
 pub fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code;

@@ -86,12 +86,25 @@ pub(super) async fn update_service_safe_point(
     ttl: Duration,
     safe_point: u64,
 ) -> Result<u64, String> {
+    first_answer(endpoints, |endpoint| {
+        update_at(endpoint, service, ttl, safe_point)
+    })
+    .await
+}
+
+/// The answer of the first of `endpoints` that gives one to `call` within [`CALL_TIMEOUT`].
+///
+/// # Errors
+/// Every endpoint's failure, joined, when none answered.
+async fn first_answer<'a, T, F, Fut>(endpoints: &'a [String], call: F) -> Result<T, String>
+where
+    F: Fn(&'a str) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
     let mut failures = Vec::new();
     for endpoint in endpoints {
-        match tokio::time::timeout(CALL_TIMEOUT, update_at(endpoint, service, ttl, safe_point))
-            .await
-        {
-            Ok(Ok(min)) => return Ok(min),
+        match tokio::time::timeout(CALL_TIMEOUT, call(endpoint)).await {
+            Ok(Ok(answer)) => return Ok(answer),
             Ok(Err(err)) => failures.push(format!("{endpoint}: {err}")),
             Err(_) => failures.push(format!("{endpoint}: no answer within {CALL_TIMEOUT:?}")),
         }
@@ -105,17 +118,7 @@ async fn update_at(
     ttl: Duration,
     safe_point: u64,
 ) -> Result<u64, String> {
-    let mut grpc = connect(endpoint).await?;
-    // PD checks the cluster id of every request; GetMembers tells it.
-    let members: GetMembersResponse = unary(
-        &mut grpc,
-        "/pdpb.PD/GetMembers",
-        GetMembersRequest {
-            header: Some(RequestHeader::default()),
-        },
-    )
-    .await?;
-    let cluster_id = checked(members.header)?;
+    let (mut grpc, cluster_id) = connect(endpoint).await?;
     let answer: UpdateServiceGcSafePointResponse = unary(
         &mut grpc,
         "/pdpb.PD/UpdateServiceGCSafePoint",
@@ -134,7 +137,11 @@ async fn update_at(
     Ok(answer.min_safe_point)
 }
 
-async fn connect(endpoint: &str) -> Result<tonic::client::Grpc<tonic::transport::Channel>, String> {
+/// A channel to the PD at `endpoint`, and the cluster id PD checks on every request
+/// (`GetMembers` tells it).
+async fn connect(
+    endpoint: &str,
+) -> Result<(tonic::client::Grpc<tonic::transport::Channel>, u64), String> {
     let url = if endpoint.contains("://") {
         endpoint.to_owned()
     } else {
@@ -145,7 +152,17 @@ async fn connect(endpoint: &str) -> Result<tonic::client::Grpc<tonic::transport:
         .connect()
         .await
         .map_err(|err| err.to_string())?;
-    Ok(tonic::client::Grpc::new(channel))
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let members: GetMembersResponse = unary(
+        &mut grpc,
+        "/pdpb.PD/GetMembers",
+        GetMembersRequest {
+            header: Some(RequestHeader::default()),
+        },
+    )
+    .await?;
+    let cluster_id = checked(members.header)?;
+    Ok((grpc, cluster_id))
 }
 
 /// The cluster id of a response header without an error.
@@ -215,15 +232,7 @@ pub(super) async fn region_starts(
     end: &[u8],
     limit: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let mut failures = Vec::new();
-    for endpoint in endpoints {
-        match tokio::time::timeout(CALL_TIMEOUT, starts_at(endpoint, start, end, limit)).await {
-            Ok(Ok(starts)) => return Ok(starts),
-            Ok(Err(err)) => failures.push(format!("{endpoint}: {err}")),
-            Err(_) => failures.push(format!("{endpoint}: no answer within {CALL_TIMEOUT:?}")),
-        }
-    }
-    Err(failures.join("; "))
+    first_answer(endpoints, |endpoint| starts_at(endpoint, start, end, limit)).await
 }
 
 async fn starts_at(
@@ -232,16 +241,7 @@ async fn starts_at(
     end: &[u8],
     limit: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let mut grpc = connect(endpoint).await?;
-    let members: GetMembersResponse = unary(
-        &mut grpc,
-        "/pdpb.PD/GetMembers",
-        GetMembersRequest {
-            header: Some(RequestHeader::default()),
-        },
-    )
-    .await?;
-    let cluster_id = checked(members.header)?;
+    let (mut grpc, cluster_id) = connect(endpoint).await?;
     let mut starts = Vec::new();
     let mut at = memcomparable(start);
     while starts.len() < limit {
