@@ -212,6 +212,13 @@ pub enum KvError {
 /// A consistent read view, as a backend implements it.
 #[async_trait]
 pub trait KvSnapshot: Send + Sync + 'static {
+    /// The store version this snapshot reads at, for a backend that numbers its commits in
+    /// one order (the embedded store): the number of the last commit it sees. `None` for a
+    /// backend that does not, and for a view that lays uncommitted writes over a snapshot.
+    fn version(&self) -> Option<u64> {
+        None
+    }
+
     /// The value of `key` at this snapshot.
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError>;
 
@@ -372,6 +379,13 @@ impl fmt::Debug for Snapshot {
 }
 
 impl Snapshot {
+    /// The store version this snapshot reads at, where the backend has one
+    /// ([`KvSnapshot::version`]).
+    #[must_use]
+    pub fn version(&self) -> Option<u64> {
+        self.inner.version()
+    }
+
     /// This snapshot seen through `writes`, uncommitted: reads answer from `writes` where they
     /// touch a key and from this snapshot elsewhere. Nothing is written to the store, and
     /// nothing is copied: the view shares `writes`.

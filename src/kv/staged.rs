@@ -155,6 +155,9 @@ pub struct StagedWrites {
     ranges: Vec<RangeRequirement>,
     /// Key and value bytes of every entry, and the bounds of every range requirement.
     bytes: usize,
+    /// The store version every requirement was read at, when the writer read them all from
+    /// one snapshot that has one ([`KvSnapshot::version`](super::KvSnapshot::version)).
+    read_at: Option<u64>,
 }
 
 impl StagedWrites {
@@ -162,6 +165,49 @@ impl StagedWrites {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Nothing staged yet, by a writer that states, in every requirement it makes, what the
+    /// snapshot of store version `version` held (`None`: no such version, or requirements
+    /// not all read from one). A backend that numbers its commits then need not check a
+    /// requirement on a key no commit after that version wrote: it still holds.
+    #[must_use]
+    pub fn read_at(version: Option<u64>) -> Self {
+        Self {
+            read_at: version,
+            ..Self::default()
+        }
+    }
+
+    /// The store version the requirements were read at, if one.
+    #[must_use]
+    pub fn read_version(&self) -> Option<u64> {
+        self.read_at
+    }
+
+    /// Whether these writes change something `reader` requires: a key it requires something
+    /// of, or a key inside a range it requires unchanged. When they do not, what `reader`
+    /// requires holds after them if it held before them.
+    #[must_use]
+    pub fn disturbs(&self, reader: &StagedWrites) -> bool {
+        let required = |staged: &Staged| staged.requirement != Requirement::None;
+        let point = if self.entries.len() <= reader.entries.len() {
+            self.entries
+                .iter()
+                .filter(|(_, staged)| staged.write.is_some())
+                .any(|(key, _)| reader.entries.get(key).is_some_and(required))
+        } else {
+            reader
+                .entries
+                .iter()
+                .filter(|(_, staged)| required(staged))
+                .any(|(key, _)| self.read(key).is_some())
+        };
+        point
+            || reader
+                .ranges
+                .iter()
+                .any(|required| self.written_in(&required.range).next().is_some())
     }
 
     /// Keys touched.
@@ -571,6 +617,7 @@ impl StagedWrites {
             entries,
             ranges,
             bytes,
+            read_at: None,
         }
     }
 }

@@ -152,7 +152,16 @@ impl WriteSet {
     /// [`KvError::ContradictoryWriteSet`] for an insert of a key the set already wrote, or a
     /// requirement of a key it deleted.
     pub fn into_staged(self) -> Result<StagedWrites, KvError> {
-        let mut staged = StagedWrites::new();
+        self.into_staged_at(None)
+    }
+
+    /// As [`into_staged`](Self::into_staged), for a writer whose requirements state what the
+    /// snapshot of store version `version` held ([`StagedWrites::read_at`]).
+    ///
+    /// # Errors
+    /// As [`into_staged`](Self::into_staged).
+    pub fn into_staged_at(self, version: Option<u64>) -> Result<StagedWrites, KvError> {
+        let mut staged = StagedWrites::read_at(version);
         let mut undo = Undo::new();
         for mutation in self.mutations {
             staged.apply(mutation, &mut undo)?;

@@ -186,9 +186,12 @@ impl Staging {
     /// Nothing staged yet, over `base`.
     #[must_use]
     pub fn new(base: CatalogSnapshot) -> Self {
+        // Every requirement the staging makes states what `base` held (as read, or as found
+        // absent), so the commit may rely on the store's version of it.
+        let writes = Arc::new(StagedWrites::read_at(base.kv().version()));
         Self {
             base,
-            writes: Arc::new(StagedWrites::new()),
+            writes,
             arena: Arena::default(),
             inserted_ids: HashMap::new(),
             unnamed: BTreeSet::new(),

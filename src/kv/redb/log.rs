@@ -19,7 +19,8 @@
 //! the process stopped, so it was never acknowledged.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Seek as _, SeekFrom, Write as _};
+use std::io::{self, Seek as _, SeekFrom};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 
 use super::super::StagedWrites;
@@ -49,7 +50,13 @@ pub(super) struct Log {
     file: File,
     path: PathBuf,
     len: u64,
+    /// Where a record is built before it is written, a chunk at a time; kept between appends.
+    buf: Vec<u8>,
 }
+
+/// Bytes of a record built before they are written: a small record is one write, a large
+/// one is written a chunk at a time while the next is built.
+const CHUNK: usize = 1 << 20;
 
 impl Log {
     /// Opens (or creates) the log in `dir`, handing its records to `each` one at a time, in
@@ -85,7 +92,12 @@ impl Log {
             file.sync_data()?;
         }
         file.seek(SeekFrom::Start(len))?;
-        Ok(Self { file, path, len })
+        Ok(Self {
+            file,
+            path,
+            len,
+            buf: Vec::new(),
+        })
     }
 
     /// Bytes in the log.
@@ -99,7 +111,10 @@ impl Log {
     }
 
     /// Appends the writes of one commit group, in order, and makes them durable. The record
-    /// is streamed from the writes (its checksum taken in a first pass), not copied whole.
+    /// is built a chunk at a time and each chunk written as it fills, its checksum taken
+    /// along; the header, which holds the checksum, is written last, before the sync. Until
+    /// the sync, the record is nowhere acknowledged: a crash before it leaves a torn record,
+    /// which the checksum cuts off.
     pub(super) fn append<'a>(
         &mut self,
         seq: u64,
@@ -118,29 +133,48 @@ impl Log {
         };
         let mut length = PAYLOAD_HEAD;
         let mut count = 0_usize;
-        let mut checksum = crc32fast::Hasher::new();
-        checksum.update(&seq.to_le_bytes());
         for (key, value) in ops() {
             count += 1;
             length += op_len(key, value);
         }
-        checksum.update(&u32_of(count)?.to_le_bytes());
+        let start = self.len;
+        let mut checksum = crc32fast::Hasher::new();
+        // Where the next chunk goes: the payload starts after the header.
+        let mut at = start + HEADER as u64;
+        let buf = &mut self.buf;
+        buf.clear();
+        buf.extend_from_slice(&seq.to_le_bytes());
+        buf.extend_from_slice(&u32_of(count)?.to_le_bytes());
         for (key, value) in ops() {
-            each_piece(key, value, |piece| {
-                checksum.update(piece);
-                Ok(())
-            })?;
+            if buf.len() + op_len(key, value) > CHUNK && !buf.is_empty() {
+                checksum.update(buf);
+                self.file.write_all_at(buf, at)?;
+                at += buf.len() as u64;
+                buf.clear();
+            }
+            buf.push(if value.is_some() { PUT } else { DELETE });
+            buf.extend_from_slice(&u32_of(key.len())?.to_le_bytes());
+            buf.extend_from_slice(key);
+            if let Some(value) = value {
+                buf.extend_from_slice(&u32_of(value.len())?.to_le_bytes());
+                buf.extend_from_slice(value);
+            }
         }
-        let mut out = BufWriter::with_capacity(length.min(1 << 20) + HEADER, &self.file);
-        out.write_all(&u32_of(length)?.to_le_bytes())?;
-        out.write_all(&checksum.finalize().to_le_bytes())?;
-        out.write_all(&seq.to_le_bytes())?;
-        out.write_all(&u32_of(count)?.to_le_bytes())?;
-        for (key, value) in ops() {
-            each_piece(key, value, |piece| out.write_all(piece))?;
+        checksum.update(buf);
+        let [l0, l1, l2, l3] = u32_of(length)?.to_le_bytes();
+        let [c0, c1, c2, c3] = checksum.finalize().to_le_bytes();
+        let header: [u8; HEADER] = [l0, l1, l2, l3, c0, c1, c2, c3];
+        if at == start + HEADER as u64 {
+            // One write for a record that fits a chunk.
+            buf.splice(0..0, header);
+            self.file.write_all_at(buf, start)?;
+        } else {
+            self.file.write_all_at(buf, at)?;
+            self.file.write_all_at(&header, start)?;
         }
-        out.flush()?;
-        drop(out);
+        if buf.capacity() > CHUNK + HEADER {
+            *buf = Vec::new();
+        }
         self.file.sync_data()?;
         self.len += u64::try_from(HEADER + length).unwrap_or(u64::MAX);
         Ok(())
@@ -158,22 +192,6 @@ impl Log {
 
 fn op_len(key: &[u8], value: Option<&[u8]>) -> usize {
     1 + 4 + key.len() + value.map_or(0, |value| 4 + value.len())
-}
-
-/// An operation's bytes, in the pieces they are written in.
-fn each_piece(
-    key: &[u8],
-    value: Option<&[u8]>,
-    mut piece: impl FnMut(&[u8]) -> io::Result<()>,
-) -> io::Result<()> {
-    piece(&[if value.is_some() { PUT } else { DELETE }])?;
-    piece(&u32_of(key.len())?.to_le_bytes())?;
-    piece(key)?;
-    if let Some(value) = value {
-        piece(&u32_of(value.len())?.to_le_bytes())?;
-        piece(value)?;
-    }
-    Ok(())
 }
 
 fn u32_of(len: usize) -> io::Result<u32> {
@@ -329,5 +347,49 @@ pub(super) mod tests {
         std::fs::write(&path, &flipped).expect("write");
         let (_, records) = read(dir.path());
         assert_eq!(records.len(), 1);
+    }
+
+    /// A record larger than the chunks it is written in reads back whole, after a small
+    /// one, and the next record follows it; one whose header was never written (a crash
+    /// between its chunks and its header) ends the log there.
+    #[test]
+    fn a_record_of_many_chunks_reads_back_whole() {
+        let dir = tempfile::tempdir().expect("dir");
+        let value = |i: usize| format!("{i:08}").repeat(1000);
+        let many: Vec<(String, String)> = (0..3 * CHUNK / 8000)
+            .map(|i| (format!("k{i:06}"), value(i)))
+            .collect();
+        let items: Vec<(&str, Option<&str>)> = many
+            .iter()
+            .map(|(key, value)| (key.as_str(), Some(value.as_str())))
+            .collect();
+        {
+            let (mut log, _) = read(dir.path());
+            log.append(1, &[writes(&[("a", Some("1"))])].iter())
+                .expect("append");
+            log.append(2, &[writes(&items)].iter()).expect("append");
+            log.append(3, &[writes(&[("z", None)])].iter())
+                .expect("append");
+        }
+        let path = dir.path().join(LOG_NAME);
+        let whole = std::fs::read(&path).expect("read");
+        assert!(whole.len() > 3 * CHUNK, "the record spans chunks");
+        let (_, records) = read(dir.path());
+        let seqs: Vec<u64> = records.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        let expected: Vec<(Vec<u8>, Option<Vec<u8>>)> = many
+            .iter()
+            .map(|(key, value)| (key.clone().into_bytes(), Some(value.clone().into_bytes())))
+            .collect();
+        assert_eq!(records[1].1, expected);
+        assert_eq!(records[2].1, vec![(b"z".to_vec(), None)]);
+        // The large record's header zeroed: the log ends after the first record.
+        let first = HEADER + PAYLOAD_HEAD + op_len(b"a", Some(b"1"));
+        let mut headless = whole;
+        headless[first..first + HEADER].fill(0);
+        std::fs::write(&path, &headless).expect("write");
+        let (log, records) = read(dir.path());
+        assert_eq!(records.len(), 1);
+        assert_eq!(log.len(), u64::try_from(first).expect("small"));
     }
 }

@@ -194,17 +194,22 @@ impl KvBackend for RedbBackend {
             // Under the lock, so that the file and the writes not yet in it are read at the
             // same point: a group applied meanwhile is then seen twice, which is harmless,
             // never not at all.
-            let (txn, unapplied) = {
-                let unapplied = lock(&unapplied);
-                (db.begin_read().map_err(failed)?, unapplied.clone())
+            let (txn, unapplied, version) = {
+                let visible = lock(&unapplied);
+                (
+                    db.begin_read().map_err(failed)?,
+                    visible.writes.clone(),
+                    visible.seq,
+                )
             };
             let table = txn.open_table(DATA).map_err(failed)?;
             let file: Arc<dyn KvSnapshot> = Arc::new(RedbSnapshot {
                 table: Arc::new(table),
             });
-            Ok(unapplied.into_iter().fold(file, |base, writes| {
+            let inner = unapplied.into_iter().fold(file, |base, writes| {
                 Arc::new(OverlaySnapshot { base, writes }) as Arc<dyn KvSnapshot>
-            }))
+            });
+            Ok(Arc::new(AtVersion { inner, version }) as Arc<dyn KvSnapshot>)
         })
         .await
     }
@@ -241,13 +246,94 @@ struct Committer {
     /// hold may then differ from what readers see, so nothing more is committed until the
     /// store is opened again (which replays the log).
     failed: Arc<AtomicBool>,
-    /// The writes of the commit group acknowledged but not yet applied to the file, in commit
-    /// order. A snapshot reads the file through them, so an acknowledged commit is visible at
-    /// once.
+    /// What snapshots see beyond the file: the commits acknowledged but not yet applied to
+    /// it, and the number of the last group acknowledged.
     unapplied: Unapplied,
 }
 
-type Unapplied = Arc<Mutex<Vec<Arc<StagedWrites>>>>;
+/// What a snapshot reads besides the file, taken under one lock.
+#[derive(Debug, Default)]
+struct Visible {
+    /// The number of the last commit group acknowledged: the version a snapshot taken now
+    /// reads at.
+    seq: u64,
+    /// The writes of the commit group acknowledged but not yet applied to the file, in commit
+    /// order. A snapshot reads the file through them, so an acknowledged commit is visible at
+    /// once.
+    writes: Vec<Arc<StagedWrites>>,
+}
+
+type Unapplied = Arc<Mutex<Visible>>;
+
+/// The writes of the last commit groups, newest last, so that a commit staged against a
+/// recent version is checked against what was written since instead of against the file:
+/// a requirement on a key nothing wrote since its version still holds. Only small commits are
+/// kept, within a bound; a commit whose version is older than what is kept is checked
+/// against the file.
+#[derive(Debug, Default)]
+struct History {
+    /// Each kept group: its number and its accepted commits' writes.
+    groups: std::collections::VecDeque<(u64, Vec<Arc<StagedWrites>>)>,
+    /// Key and value bytes the kept groups hold.
+    bytes: usize,
+    /// The number of the newest group not kept: a commit read at an earlier version is not
+    /// checked here.
+    floor: u64,
+}
+
+/// Most bytes of writes [`History`] keeps, and most one commit may have to be kept.
+const HISTORY_BYTES: usize = 8 << 20;
+const HISTORY_COMMIT_BYTES: usize = 256 << 10;
+/// Most groups [`History`] keeps.
+const HISTORY_GROUPS: usize = 1024;
+
+impl History {
+    fn new(seq: u64) -> Self {
+        Self {
+            floor: seq,
+            ..Self::default()
+        }
+    }
+
+    /// Records group `seq`'s accepted commits.
+    fn push(&mut self, seq: u64, writes: &[Arc<StagedWrites>]) {
+        if writes
+            .iter()
+            .any(|writes| writes.bytes() > HISTORY_COMMIT_BYTES)
+        {
+            self.groups.clear();
+            self.bytes = 0;
+            self.floor = seq;
+            return;
+        }
+        self.bytes += writes.iter().map(|w| w.bytes()).sum::<usize>();
+        self.groups.push_back((seq, writes.to_vec()));
+        while self.bytes > HISTORY_BYTES || self.groups.len() > HISTORY_GROUPS {
+            let Some((seq, dropped)) = self.groups.pop_front() else {
+                break;
+            };
+            self.bytes -= dropped.iter().map(|w| w.bytes()).sum::<usize>();
+            self.floor = seq;
+        }
+    }
+
+    /// Whether `writes`, whose requirements hold at version `read_at`, still meet them after
+    /// the groups since and `accepted` (the commits before it in the group being made), as
+    /// far as the kept writes tell: `true` only when none of them wrote anything `writes`
+    /// requires. `false` says the file must be read to know.
+    fn cleared(&self, read_at: u64, accepted: &[Request], writes: &StagedWrites) -> bool {
+        if read_at < self.floor {
+            return false;
+        }
+        let since = self
+            .groups
+            .iter()
+            .filter(|(seq, _)| *seq > read_at)
+            .flat_map(|(_, group)| group.iter().map(Arc::as_ref));
+        let mut written = since.chain(accepted.iter().map(|r| r.writes.as_ref()));
+        !written.any(|earlier| earlier.disturbs(writes))
+    }
+}
 
 /// The writer thread's state.
 struct Writer {
@@ -260,6 +346,7 @@ struct Writer {
     checkpoint_every: Duration,
     failed: Arc<AtomicBool>,
     unapplied: Unapplied,
+    history: History,
 }
 
 impl Committer {
@@ -271,7 +358,10 @@ impl Committer {
     ) -> Result<Self, KvError> {
         let (queue, requests) = mpsc::channel::<Request>();
         let failed = Arc::new(AtomicBool::new(false));
-        let unapplied = Unapplied::default();
+        let unapplied = Arc::new(Mutex::new(Visible {
+            seq: applied,
+            writes: Vec::new(),
+        }));
         let mut writer = Writer {
             db,
             log,
@@ -280,6 +370,7 @@ impl Committer {
             checkpoint_every,
             failed: Arc::clone(&failed),
             unapplied: Arc::clone(&unapplied),
+            history: History::new(applied),
         };
         let thread = std::thread::Builder::new()
             .name("moraine-redb-writer".into())
@@ -410,7 +501,17 @@ impl Writer {
         let checked = txn.open_table(DATA).map_err(failed).and_then(|table| {
             let mut requests = group.into_iter();
             for request in requests.by_ref() {
-                match unmet(&table, &accepted, &request.writes) {
+                // Staged against a version whose requirements nothing since has disturbed:
+                // they hold, and the file need not be read for them.
+                let cleared = request.writes.read_version().is_some_and(|read_at| {
+                    read_at <= self.seq && self.history.cleared(read_at, &accepted, &request.writes)
+                });
+                let unmet = if cleared {
+                    Ok(None)
+                } else {
+                    unmet(&table, &accepted, &request.writes)
+                };
+                match unmet {
                     Ok(None) => accepted.push(request),
                     Ok(Some(conflict)) => request.answer(Ok(CommitOutcome::Conflict(conflict))),
                     Err(err) => {
@@ -445,7 +546,12 @@ impl Writer {
         self.seq = seq;
         let writes: Vec<Arc<StagedWrites>> =
             accepted.iter().map(|r| Arc::clone(&r.writes)).collect();
-        lock(&self.unapplied).extend(writes.iter().cloned());
+        self.history.push(seq, &writes);
+        {
+            let mut visible = lock(&self.unapplied);
+            visible.writes.extend(writes.iter().cloned());
+            visible.seq = seq;
+        }
         for request in accepted {
             request.answer(Ok(CommitOutcome::Committed));
         }
@@ -462,7 +568,7 @@ impl Writer {
             );
             return;
         }
-        lock(&self.unapplied).clear();
+        lock(&self.unapplied).writes.clear();
         if due {
             self.dirty_since = None;
             if let Err(err) = self.log.reset() {
@@ -582,6 +688,40 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 struct RedbSnapshot {
     table: Arc<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+}
+
+/// A snapshot of the store (the file and the writes not yet in it) and the version it reads
+/// at: the number of the last commit group it sees.
+struct AtVersion {
+    inner: Arc<dyn KvSnapshot>,
+    version: u64,
+}
+
+#[async_trait]
+impl KvSnapshot for AtVersion {
+    fn version(&self) -> Option<u64> {
+        Some(self.version)
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key).await
+    }
+
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.inner.batch_get(keys).await
+    }
+
+    async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
+        self.inner.scan_page(range, page).await
+    }
+
+    async fn scan_pages(&self, ranges: &[KeyRange], page: PageSize) -> Result<Vec<Page>, KvError> {
+        self.inner.scan_pages(ranges, page).await
+    }
+
+    async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
+        self.inner.divide(range, division).await
+    }
 }
 
 fn page_of(

@@ -42,6 +42,7 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
         checkpoint_every: Duration::from_hours(1),
         failed: Arc::new(AtomicBool::new(false)),
         unapplied: Unapplied::default(),
+        history: History::new(0),
     };
     let requests = [
         staged(|w| {
@@ -118,7 +119,7 @@ async fn a_snapshot_sees_acknowledged_writes_not_yet_in_the_file() {
     }
     txn.commit().expect("commit");
     // Two commits of a group acknowledged, their apply still to come.
-    lock(&backend.committer.unapplied).extend([
+    lock(&backend.committer.unapplied).writes.extend([
         staged(|w| {
             w.put(&b"a"[..], &b"3"[..]).delete(&b"b"[..]);
         }),
@@ -188,5 +189,117 @@ async fn opening_replays_the_log_past_the_last_checkpoint() {
     assert_eq!(
         contents(&backend.db),
         pairs(&[("later", "3"), ("new", "2")])
+    );
+}
+
+/// `build`'s writes, stating what the snapshot of `version` held.
+fn staged_at(version: Option<u64>, build: impl FnOnce(&mut WriteSet)) -> Arc<StagedWrites> {
+    let mut writes = WriteSet::new();
+    build(&mut writes);
+    Arc::new(writes.into_staged_at(version).expect("staged"))
+}
+
+/// Every pair a fresh snapshot of `backend` reads.
+async fn visible(backend: &RedbBackend) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let snapshot = backend.snapshot().await.expect("snapshot");
+    let page = snapshot
+        .scan_page(&KeyRange::new(vec![], vec![0xff]), PageSize::default())
+        .await
+        .expect("scan");
+    page.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+}
+
+/// Commits staged against one snapshot's version are checked against what was committed
+/// since: the second insert of one key conflicts, an insert of another key does not, and
+/// a range requirement sees an insert into its range.
+#[tokio::test]
+async fn commits_staged_at_a_version_see_what_was_committed_since() {
+    let dir = tempfile::tempdir().expect("dir");
+    let backend = RedbBackend::open(dir.path()).await.expect("open");
+    let first = staged(|w| {
+        w.put(&b"m"[..], &b"1"[..]);
+    });
+    assert_eq!(backend.commit(first).await, Ok(CommitOutcome::Committed));
+    let version = backend.snapshot().await.expect("snapshot").version();
+    assert_eq!(version, Some(1));
+    let insert = |key: &'static [u8]| {
+        staged_at(version, |w| {
+            w.insert(key, &b"v"[..]);
+        })
+    };
+    assert_eq!(
+        backend.commit(insert(b"a")).await,
+        Ok(CommitOutcome::Committed)
+    );
+    assert_eq!(
+        backend.commit(insert(b"a")).await,
+        Ok(CommitOutcome::Conflict(Conflict::AlreadyExists {
+            key: b"a".to_vec()
+        }))
+    );
+    assert_eq!(
+        backend.commit(insert(b"b")).await,
+        Ok(CommitOutcome::Committed)
+    );
+    // Read whole at the version, when "a" and "b" were not there yet.
+    let range = KeyRange::new(b"a".to_vec(), b"c".to_vec());
+    let empty = crate::kv::Digester::new().finish();
+    let held = staged_at(version, |w| {
+        w.require_range(range.clone(), empty)
+            .put(&b"z"[..], &b"1"[..]);
+    });
+    assert!(matches!(
+        backend.commit(held).await,
+        Ok(CommitOutcome::Conflict(Conflict::RangeChanged { .. }))
+    ));
+    assert_eq!(
+        visible(&backend).await,
+        pairs(&[("a", "v"), ("b", "v"), ("m", "1")])
+    );
+}
+
+/// A commit staged at a version older than the writes the store keeps for this check, or
+/// older than one large commit, is checked against the file, and its conflict found.
+#[tokio::test]
+async fn commits_staged_long_ago_are_checked_against_the_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let backend = RedbBackend::open(dir.path()).await.expect("open");
+    let version = backend.snapshot().await.expect("snapshot").version();
+    let insert_a = || {
+        staged_at(version, |w| {
+            w.insert(&b"a"[..], &b"late"[..]);
+        })
+    };
+    // "a", then more small commits than the store keeps.
+    let a = staged(|w| {
+        w.put(&b"a"[..], &b"early"[..]);
+    });
+    assert_eq!(backend.commit(a).await, Ok(CommitOutcome::Committed));
+    for i in 0..=HISTORY_GROUPS {
+        let other = staged(|w| {
+            w.put(format!("o{i:05}").into_bytes(), &b"x"[..]);
+        });
+        assert_eq!(backend.commit(other).await, Ok(CommitOutcome::Committed));
+    }
+    assert_eq!(
+        backend.commit(insert_a()).await,
+        Ok(CommitOutcome::Conflict(Conflict::AlreadyExists {
+            key: b"a".to_vec()
+        }))
+    );
+    // One commit too large to keep, writing "b", after the version.
+    let version = backend.snapshot().await.expect("snapshot").version();
+    let large = staged(|w| {
+        w.put(&b"b"[..], vec![7_u8; HISTORY_COMMIT_BYTES + 1]);
+    });
+    assert_eq!(backend.commit(large).await, Ok(CommitOutcome::Committed));
+    let insert_b = staged_at(version, |w| {
+        w.insert(&b"b"[..], &b"late"[..]);
+    });
+    assert_eq!(
+        backend.commit(insert_b).await,
+        Ok(CommitOutcome::Conflict(Conflict::AlreadyExists {
+            key: b"b".to_vec()
+        }))
     );
 }
