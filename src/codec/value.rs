@@ -419,19 +419,37 @@ pub struct MappingRecord<'a> {
 /// # Errors
 /// A [`CodecError`] for an unknown version, a checksum mismatch or a malformed body.
 pub fn read_mapping(bytes: &[u8]) -> Result<MappingRecord<'_>, CodecError> {
-    let (head, body) = read_mapping_with(bytes, |_| Ok(()))?;
+    let (head, body) = read_mapping_with(bytes, &mut Skip)?;
     Ok(MappingRecord { head, body })
 }
 
 /// Reads a mapping record's envelope and head in one pass over its body, handing each
 /// embedded name row's message to `name`. Returns the head and the body.
+///
+/// A body laid out as this codec and prost write it (each field once, in number order, the
+/// name rows last) is read on a straight path; any other body (a newer writer's field, a
+/// repeated scalar, damage) by the general reader, which follows protobuf's rules. Both give
+/// the same answer for every body the straight path accepts.
 #[inline]
 fn read_mapping_with<'a>(
     bytes: &'a [u8],
-    mut name: impl FnMut(&'a [u8]) -> Result<(), CodecError>,
+    names: &mut impl NameSink<'a>,
 ) -> Result<(MappingHead<'a>, &'a [u8]), CodecError> {
-    const RECORD: &str = "mapping";
     let body = open(bytes)?;
+    if let Some(head) = canonical_mapping(body, names) {
+        return Ok((head, body));
+    }
+    names.start_over();
+    general_mapping(body, names).map(|head| (head, body))
+}
+
+/// A mapping body read by protobuf's rules: fields in any order, the last of a repeated
+/// scalar wins, unknown fields skipped.
+fn general_mapping<'a>(
+    body: &'a [u8],
+    names: &mut impl NameSink<'a>,
+) -> Result<MappingHead<'a>, CodecError> {
+    const RECORD: &str = "mapping";
     let mut head = MappingHead {
         mapping_id: 0,
         table_id: 0,
@@ -446,12 +464,165 @@ fn read_mapping_with<'a>(
             (1, wire) => head.mapping_id = as_int(RECORD, field, wire)?,
             (2, wire) => head.table_id = as_int(RECORD, field, wire)?,
             (3, wire) => head.map_type = Some(as_str(RECORD, field, wire)?),
-            (4, Wire::Bytes(message)) => name(message)?,
+            (4, Wire::Bytes(message)) => names.name(message)?,
             (4, _) => return Err(wrong_type(RECORD, field)),
             _ => {}
         }
     }
-    Ok((head, body))
+    Ok(head)
+}
+
+/// Where a mapping record's reader hands the name rows' messages.
+trait NameSink<'a> {
+    /// One name row's message.
+    fn name(&mut self, message: &'a [u8]) -> Result<(), CodecError>;
+    /// Forgets the messages handed so far: the record is read again from its start.
+    fn start_over(&mut self);
+}
+
+/// Name rows left for later ([`MappingRecord::names`]).
+struct Skip;
+
+impl<'a> NameSink<'a> for Skip {
+    fn name(&mut self, _: &'a [u8]) -> Result<(), CodecError> {
+        Ok(())
+    }
+
+    fn start_over(&mut self) {}
+}
+
+/// Name rows read into a list that held `before` rows.
+struct Collect<'v, 'a> {
+    names: &'v mut Vec<RawName<'a>>,
+    before: usize,
+}
+
+impl<'a> NameSink<'a> for Collect<'_, 'a> {
+    #[inline]
+    fn name(&mut self, message: &'a [u8]) -> Result<(), CodecError> {
+        self.names.push(read_raw_name(message)?);
+        Ok(())
+    }
+
+    fn start_over(&mut self) {
+        self.names.truncate(self.before);
+    }
+}
+
+/// Field keys (number and wire type) as the canonical layout writes them.
+const KEY_1_VARINT: u8 = 1 << 3;
+const KEY_2_VARINT: u8 = 2 << 3;
+const KEY_2_LEN: u8 = (2 << 3) | 2;
+const KEY_3_VARINT: u8 = 3 << 3;
+const KEY_3_LEN: u8 = (3 << 3) | 2;
+const KEY_4_VARINT: u8 = 4 << 3;
+const KEY_4_LEN: u8 = (4 << 3) | 2;
+const KEY_5_VARINT: u8 = 5 << 3;
+
+/// The varint at the start of `bytes`, and the bytes after it; `None` when it is cut short
+/// or longer than ten bytes.
+#[inline]
+fn varint_at(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    match bytes {
+        [b0, rest @ ..] if *b0 < 0x80 => Some((u64::from(*b0), rest)),
+        [b0, b1, rest @ ..] if *b1 < 0x80 => {
+            Some((u64::from(b0 & 0x7f) | (u64::from(*b1) << 7), rest))
+        }
+        _ => {
+            let mut value: u64 = 0;
+            for (i, &byte) in bytes.iter().enumerate().take(10) {
+                value |= u64::from(byte & 0x7f) << (7 * i);
+                if byte < 0x80 {
+                    return Some((value, bytes.get(i + 1..)?));
+                }
+            }
+            None
+        }
+    }
+}
+
+/// A length-prefixed field's bytes at the start of `bytes`, and the bytes after them.
+#[inline]
+fn chunk_at(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = varint_at(bytes)?;
+    rest.split_at_checked(usize::try_from(len).ok()?)
+}
+
+/// A mapping body in the canonical layout: `mapping_id`, `table_id`, `map_type`, each once if
+/// present, in that order, then only name rows, each read on the straight path too. `None`
+/// for any other body, and for any error (the general reader then says what it is).
+#[inline]
+fn canonical_mapping<'a>(
+    body: &'a [u8],
+    names: &mut impl NameSink<'a>,
+) -> Option<MappingHead<'a>> {
+    let mut head = MappingHead {
+        mapping_id: 0,
+        table_id: 0,
+        map_type: None,
+    };
+    let mut rest = body;
+    if let [KEY_1_VARINT, tail @ ..] = rest {
+        let (value, tail) = varint_at(tail)?;
+        head.mapping_id = value.cast_signed();
+        rest = tail;
+    }
+    if let [KEY_2_VARINT, tail @ ..] = rest {
+        let (value, tail) = varint_at(tail)?;
+        head.table_id = value.cast_signed();
+        rest = tail;
+    }
+    if let [KEY_3_LEN, tail @ ..] = rest {
+        let (text, tail) = chunk_at(tail)?;
+        head.map_type = Some(std::str::from_utf8(text).ok()?);
+        rest = tail;
+    }
+    while let [KEY_4_LEN, tail @ ..] = rest {
+        let (message, tail) = chunk_at(tail)?;
+        names.name(message).ok()?;
+        rest = tail;
+    }
+    rest.is_empty().then_some(head)
+}
+
+/// A name row in the canonical layout: its fields each once if present, in number order.
+/// `None` for any other layout.
+#[inline]
+fn canonical_name(message: &[u8]) -> Option<RawName<'_>> {
+    let mut name = RawName {
+        column_id: 0,
+        source_name: &[],
+        target_field_id: 0,
+        parent_column: None,
+        is_partition: false,
+    };
+    let mut rest = message;
+    if let [KEY_1_VARINT, tail @ ..] = rest {
+        let (value, tail) = varint_at(tail)?;
+        name.column_id = value.cast_signed();
+        rest = tail;
+    }
+    if let [KEY_2_LEN, tail @ ..] = rest {
+        let (text, tail) = chunk_at(tail)?;
+        name.source_name = text;
+        rest = tail;
+    }
+    if let [KEY_3_VARINT, tail @ ..] = rest {
+        let (value, tail) = varint_at(tail)?;
+        name.target_field_id = value.cast_signed();
+        rest = tail;
+    }
+    if let [KEY_4_VARINT, tail @ ..] = rest {
+        let (value, tail) = varint_at(tail)?;
+        name.parent_column = Some(value.cast_signed());
+        rest = tail;
+    }
+    if let [KEY_5_VARINT, tail @ ..] = rest {
+        let (value, tail) = varint_at(tail)?;
+        name.is_partition = value != 0;
+        rest = tail;
+    }
+    rest.is_empty().then_some(name)
 }
 
 impl<'a> MappingRecord<'a> {
@@ -532,15 +703,20 @@ pub fn read_mapping_raw<'a>(
     bytes: &'a [u8],
     names: &mut Vec<RawName<'a>>,
 ) -> Result<MappingHead<'a>, CodecError> {
-    read_mapping_with(bytes, |message| {
-        names.push(read_raw_name(message)?);
-        Ok(())
-    })
-    .map(|(head, _)| head)
+    let before = names.len();
+    read_mapping_with(bytes, &mut Collect { names, before }).map(|(head, _)| head)
 }
 
 #[inline]
 fn read_raw_name(message: &[u8]) -> Result<RawName<'_>, CodecError> {
+    if let Some(name) = canonical_name(message) {
+        return Ok(name);
+    }
+    general_name(message)
+}
+
+/// A name row read by protobuf's rules, as [`general_mapping`] reads a body.
+fn general_name(message: &[u8]) -> Result<RawName<'_>, CodecError> {
     const RECORD: &str = "mapping";
     let mut name = RawName {
         column_id: 0,

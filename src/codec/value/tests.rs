@@ -321,7 +321,61 @@ fn a_known_field_of_the_wrong_wire_type_is_malformed() {
     ));
 }
 
+/// Name rows read by the general name reader only.
+struct General<'a>(Vec<RawName<'a>>);
+
+impl<'a> NameSink<'a> for General<'a> {
+    fn name(&mut self, message: &'a [u8]) -> Result<(), CodecError> {
+        self.0.push(general_name(message)?);
+        Ok(())
+    }
+
+    fn start_over(&mut self) {}
+}
+
+/// A mapping body read: its head and its name rows.
+type Read<'a> = (MappingHead<'a>, Vec<RawName<'a>>);
+
+/// A body as the straight path reads it, if it does, and as the general reader does.
+fn both_readers(body: &[u8]) -> (Option<Read<'_>>, Result<Read<'_>, CodecError>) {
+    let mut straight = Vec::new();
+    let fast = canonical_mapping(body, &mut Collect {
+        names: &mut straight,
+        before: 0,
+    })
+    .map(|head| (head, straight));
+    let mut general = General(Vec::new());
+    let slow = general_mapping(body, &mut general).map(|head| (head, general.0));
+    (fast, slow)
+}
+
 proptest! {
+    /// Every record this codec writes is read on the straight path, and that path agrees
+    /// with the general reader on every body it accepts: written ones, and any bytes at all.
+    #[test]
+    fn the_straight_path_agrees_with_the_general_reader(
+        mapping in any_mapping(),
+        bytes in proptest::collection::vec(any::<u8>(), 0..96),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+    ) {
+        let value = encode_mapping(&mapping);
+        let body = &value[1..value.len() - 4];
+        let (fast, slow) = both_readers(body);
+        prop_assert!(fast.is_some(), "a written record takes the straight path");
+        prop_assert_eq!(fast, Some(slow.expect("a written record reads")));
+        let mut changed = body.to_vec();
+        if !changed.is_empty() {
+            let at = at.index(changed.len());
+            changed[at] = byte;
+        }
+        for body in [&changed[..], &bytes[..]] {
+            if let (Some(fast), slow) = both_readers(body) {
+                prop_assert_eq!(Ok(fast), slow);
+            }
+        }
+    }
+
     #[test]
     fn mappings_round_trip(mapping in any_mapping()) {
         prop_assert_eq!(decode_mapping(&encode_mapping(&mapping)), Ok(mapping));
