@@ -552,10 +552,7 @@ fn chunk_at(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
 /// present, in that order, then only name rows, each read on the straight path too. `None`
 /// for any other body, and for any error (the general reader then says what it is).
 #[inline]
-fn canonical_mapping<'a>(
-    body: &'a [u8],
-    names: &mut impl NameSink<'a>,
-) -> Option<MappingHead<'a>> {
+fn canonical_mapping<'a>(body: &'a [u8], names: &mut impl NameSink<'a>) -> Option<MappingHead<'a>> {
     let mut head = MappingHead {
         mapping_id: 0,
         table_id: 0,

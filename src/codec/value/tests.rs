@@ -339,10 +339,13 @@ type Read<'a> = (MappingHead<'a>, Vec<RawName<'a>>);
 /// A body as the straight path reads it, if it does, and as the general reader does.
 fn both_readers(body: &[u8]) -> (Option<Read<'_>>, Result<Read<'_>, CodecError>) {
     let mut straight = Vec::new();
-    let fast = canonical_mapping(body, &mut Collect {
-        names: &mut straight,
-        before: 0,
-    })
+    let fast = canonical_mapping(
+        body,
+        &mut Collect {
+            names: &mut straight,
+            before: 0,
+        },
+    )
     .map(|head| (head, straight));
     let mut general = General(Vec::new());
     let slow = general_mapping(body, &mut general).map(|head| (head, general.0));

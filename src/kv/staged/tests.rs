@@ -65,3 +65,18 @@ fn written_leaves_out_requirements() {
         .collect();
     assert_eq!(seen, vec![(b("b"), None), (b("c"), Some(b("3")))]);
 }
+
+proptest::proptest! {
+    /// Keys compared a word at a time order exactly as their bytes do, at every length.
+    #[test]
+    fn keys_order_as_their_bytes(
+        a in proptest::collection::vec(0_u8..4, 0..40),
+        b in proptest::collection::vec(0_u8..4, 0..40),
+    ) {
+        proptest::prop_assert_eq!(KeyRef::of(&a).cmp(KeyRef::of(&b)), a.cmp(&b));
+        proptest::prop_assert_eq!(
+            Key(Bytes::from(a.clone())).cmp(&Key(Bytes::from(b.clone()))),
+            a.cmp(&b)
+        );
+    }
+}
