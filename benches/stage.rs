@@ -3,11 +3,12 @@
 //! kept or taken back whole), staged over an empty in-memory store and turned into the writes
 //! a commit hands the store. No network and no store write: this is the write path's CPU.
 //!
-//! `cargo bench --bench stage`; under `valgrind --tool=callgrind`, run the bench binary with
-//! `--bench stage --profile-time 1` for instruction counts that do not depend on the machine.
+//! `cargo bench --bench stage`. With `MORAINE_STAGE_ONCE=1` the binary stages the load once
+//! and exits, for `valgrind --tool=callgrind`, whose instruction counts do not depend on what
+//! else the machine is doing.
 #![allow(missing_docs, reason = "benchmark binary")]
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use moraine::catalog::Catalog;
 use moraine::codec::Keyspace;
 use moraine::kv::Store;
@@ -112,4 +113,17 @@ fn staging(c: &mut Criterion) {
 }
 
 criterion_group!(benches, staging);
-criterion_main!(benches);
+
+fn main() {
+    if std::env::var_os("MORAINE_STAGE_ONCE").is_some() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let catalog = Catalog::new(Store::memory(), Keyspace::default());
+        let ops = requests();
+        println!("{} keys", runtime.block_on(stage(&catalog, &ops)));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -162,7 +162,7 @@ impl WriteSet {
     /// As [`into_staged`](Self::into_staged).
     pub fn into_staged_at(self, version: Option<u64>) -> Result<StagedWrites, KvError> {
         let mut staged = StagedWrites::read_at(version);
-        let mut undo = Undo::new();
+        let mut undo = Undo::off();
         for mutation in self.mutations {
             staged.apply(mutation, &mut undo)?;
         }
