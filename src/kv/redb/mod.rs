@@ -1,8 +1,10 @@
 //! The embedded backend: one redb file, and a commit log beside it.
 //!
 //! All data lives in one `&[u8] -> &[u8]` table, ordered by raw key bytes, which is the
-//! memcomparable order the keyspace is built for. redb is blocking: reads run on tokio's
-//! blocking pool, never on the async runtime's workers.
+//! memcomparable order the keyspace is built for. redb is blocking: a read that reaches more
+//! than a few hundred pairs runs on tokio's blocking pool, never on the async runtime's
+//! workers; a smaller one (a point read, a short page) runs in place, since it takes less
+//! time than the hand-off would.
 //!
 //! Commits go through one writer thread, which groups the commits waiting for it into one redb
 //! write transaction (group commit). Each commit of a group is checked against the state the
@@ -188,30 +190,25 @@ impl KvBackend for RedbBackend {
     }
 
     async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError> {
-        let db = Arc::clone(&self.db);
-        let unapplied = Arc::clone(&self.committer.unapplied);
-        blocking(move || {
-            // Under the lock, so that the file and the writes not yet in it are read at the
-            // same point: a group applied meanwhile is then seen twice, which is harmless,
-            // never not at all.
-            let (txn, unapplied, version) = {
-                let visible = lock(&unapplied);
-                (
-                    db.begin_read().map_err(failed)?,
-                    visible.writes.clone(),
-                    visible.seq,
-                )
-            };
-            let table = txn.open_table(DATA).map_err(failed)?;
-            let file: Arc<dyn KvSnapshot> = Arc::new(RedbSnapshot {
-                table: Arc::new(table),
-            });
-            let inner = unapplied.into_iter().fold(file, |base, writes| {
-                Arc::new(OverlaySnapshot { base, writes }) as Arc<dyn KvSnapshot>
-            });
-            Ok(Arc::new(AtVersion { inner, version }) as Arc<dyn KvSnapshot>)
-        })
-        .await
+        // Opening a read transaction reads no page: it runs in place. Under the lock, so that
+        // the file and the writes not yet in it are read at the same point: a group applied
+        // meanwhile is then seen twice, which is harmless, never not at all.
+        let (txn, unapplied, version) = {
+            let visible = lock(&self.committer.unapplied);
+            (
+                self.db.begin_read().map_err(failed)?,
+                visible.writes.clone(),
+                visible.seq,
+            )
+        };
+        let table = txn.open_table(DATA).map_err(failed)?;
+        let file: Arc<dyn KvSnapshot> = Arc::new(RedbSnapshot {
+            table: Arc::new(table),
+        });
+        let inner = unapplied.into_iter().fold(file, |base, writes| {
+            Arc::new(OverlaySnapshot { base, writes }) as Arc<dyn KvSnapshot>
+        });
+        Ok(Arc::new(AtVersion { inner, version }))
     }
 
     async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
@@ -746,7 +743,7 @@ impl KvSnapshot for RedbSnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
         let table = Arc::clone(&self.table);
         let key = key.to_vec();
-        blocking(move || {
+        small(1, move || {
             Ok(table
                 .get(key.as_slice())
                 .map_err(failed)?
@@ -758,7 +755,7 @@ impl KvSnapshot for RedbSnapshot {
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         let table = Arc::clone(&self.table);
         let keys = keys.to_vec();
-        blocking(move || {
+        small(keys.len(), move || {
             keys.iter()
                 .map(|key| {
                     Ok(table
@@ -774,13 +771,13 @@ impl KvSnapshot for RedbSnapshot {
     async fn scan_page(&self, range: &KeyRange, page: PageSize) -> Result<Page, KvError> {
         let table = Arc::clone(&self.table);
         let range = range.clone();
-        blocking(move || page_of(&table, &range, page)).await
+        small(page.rows, move || page_of(&table, &range, page)).await
     }
 
     async fn scan_pages(&self, ranges: &[KeyRange], page: PageSize) -> Result<Vec<Page>, KvError> {
         let table = Arc::clone(&self.table);
         let ranges = ranges.to_vec();
-        blocking(move || {
+        small(ranges.len().saturating_mul(page.rows), move || {
             ranges
                 .iter()
                 .map(|range| page_of(&table, range, page))
@@ -813,6 +810,25 @@ fn divide_of(
         divider.add(key, key.len() + value.value().len());
     }
     Ok(divider.finish())
+}
+
+/// Most pairs a read may reach to run in place on the calling task: a few B-tree descents
+/// and a page of small pairs, from redb's cache or the OS's, take microseconds, less than
+/// handing them to the blocking pool and back. Larger reads run on the blocking pool, so that
+/// no runtime worker is held up by a long one.
+const IN_PLACE_PAIRS: usize = 256;
+
+/// Runs a read that reaches at most `pairs` pairs: in place when that is few
+/// ([`IN_PLACE_PAIRS`]), else on the blocking pool.
+async fn small<T: Send + 'static>(
+    pairs: usize,
+    work: impl FnOnce() -> Result<T, KvError> + Send + 'static,
+) -> Result<T, KvError> {
+    if pairs <= IN_PLACE_PAIRS {
+        work()
+    } else {
+        blocking(work).await
+    }
 }
 
 async fn blocking<T: Send + 'static>(
