@@ -585,11 +585,11 @@ impl Transactions {
     /// [`Error::TransactionNotOpen`]; store errors taking a snapshot.
     pub async fn view(&self, id: &TxnId) -> Result<CatalogSnapshot> {
         let handle = self.open(id)?;
-        let txn = handle.lock().await;
+        let mut txn = handle.lock().await;
         if txn.ended() {
             return Err(self.not_open(id, self.ending(id)));
         }
-        match &txn.staging {
+        match &mut txn.staging {
             Some(staging) => Ok(staging.view()),
             None => self.catalog.snapshot().await,
         }

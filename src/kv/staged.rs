@@ -1,16 +1,15 @@
-//! Staged writes: a transaction's net effect on each key it touches, kept in key order as the
-//! transaction is built, so that staging a change costs in proportion to the change, a view
-//! of the transaction shares the staged writes instead of copying them, and the commit hands
-//! them to the backend already sorted and reduced.
+//! Staged writes: a transaction's net effect on each key it touches, found by hash as the
+//! transaction is built and put in key order when it is read in order, so that staging a
+//! change costs in proportion to the change, a view of the transaction shares the staged
+//! writes instead of copying them, and the commit hands them to the backend sorted and
+//! reduced.
 
-use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 use std::ops::Bound;
 
 use bytes::Bytes;
-use ref_cast::RefCast;
+use indexmap::IndexMap;
+use indexmap::map::Entry;
 
 use super::digest::{Digest, Digester};
 use super::write_set::Mutation;
@@ -150,78 +149,91 @@ impl Undo {
     }
 }
 
-/// A staged key, ordered as its bytes are, compared eight bytes at a time: keys share long
-/// prefixes (subspace, kind, table), and a comparison of whole words finds where two differ
-/// without a call per comparison.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Key(Bytes);
-
-/// A key's bytes, borrowed, with the same order as [`Key`]: what the map is searched with.
-#[derive(Debug, PartialEq, Eq, RefCast)]
-#[repr(transparent)]
-struct KeyRef([u8]);
-
-impl KeyRef {
-    fn of(key: &[u8]) -> &Self {
-        Self::ref_cast(key)
-    }
-}
-
-impl Ord for KeyRef {
-    #[inline]
-    fn cmp(&self, other: &Self) -> Ordering {
-        let (mut a, mut b) = (&self.0, &other.0);
-        while let (Some((x, rest_a)), Some((y, rest_b))) =
-            (a.split_first_chunk::<8>(), b.split_first_chunk::<8>())
-        {
-            // Big-endian words order as their bytes do.
-            let (x, y) = (u64::from_be_bytes(*x), u64::from_be_bytes(*y));
-            if x != y {
-                return x.cmp(&y);
-            }
-            a = rest_a;
-            b = rest_b;
+/// Orders keys as their bytes do, eight bytes at a time: keys share long prefixes (subspace,
+/// kind, table), and a comparison of whole words finds where two differ without a call per
+/// comparison.
+#[inline]
+fn cmp_keys(mut a: &[u8], mut b: &[u8]) -> Ordering {
+    while let (Some((x, rest_a)), Some((y, rest_b))) =
+        (a.split_first_chunk::<8>(), b.split_first_chunk::<8>())
+    {
+        // Big-endian words order as their bytes do.
+        let (x, y) = (u64::from_be_bytes(*x), u64::from_be_bytes(*y));
+        if x != y {
+            return x.cmp(&y);
         }
-        a.cmp(b)
+        a = rest_a;
+        b = rest_b;
     }
+    a.cmp(b)
 }
 
-impl PartialOrd for KeyRef {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
+/// Whether `key` is inside `range`.
+fn in_bounds(key: &[u8], (start, end): (Bound<&[u8]>, Bound<&[u8]>)) -> bool {
+    let after_start = match start {
+        Bound::Included(start) => cmp_keys(key, start) != Ordering::Less,
+        Bound::Excluded(start) => cmp_keys(key, start) == Ordering::Greater,
+        Bound::Unbounded => true,
+    };
+    let before_end = match end {
+        Bound::Included(end) => cmp_keys(key, end) != Ordering::Greater,
+        Bound::Excluded(end) => cmp_keys(key, end) == Ordering::Less,
+        Bound::Unbounded => true,
+    };
+    after_start && before_end
+}
+
+/// The first 24 bytes of `key` as big-endian words, padded with zeros: where two keys' heads
+/// differ, the keys order as their heads do (a key that is a prefix of another pads with the
+/// least byte); where they are equal, the whole keys decide.
+fn head(key: &[u8]) -> [u64; 3] {
+    let mut bytes = [0_u8; 24];
+    for (to, from) in bytes.iter_mut().zip(key) {
+        *to = *from;
     }
-}
-
-impl Borrow<KeyRef> for Key {
-    fn borrow(&self) -> &KeyRef {
-        KeyRef::of(&self.0)
+    let mut words = [0_u64; 3];
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        let mut eight = [0_u8; 8];
+        eight.copy_from_slice(chunk);
+        *word = u64::from_be_bytes(eight);
     }
+    words
 }
 
-impl Ord for Key {
-    #[inline]
-    fn cmp(&self, other: &Self) -> Ordering {
-        KeyRef::of(&self.0).cmp(KeyRef::of(&other.0))
-    }
+/// The positions `at` of `entries`, in the order of their keys. The sort compares the keys'
+/// heads, held beside their positions, and reads a key itself only where two heads are equal,
+/// so it runs in cache rather than through the map.
+fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize>) -> Vec<usize> {
+    let key = |at: usize| {
+        entries
+            .get_index(at)
+            .map_or(&[][..], |(key, _)| key.as_ref())
+    };
+    let mut heads: Vec<([u64; 3], usize)> = at.map(|at| (head(key(at)), at)).collect();
+    heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
+    heads.into_iter().map(|(_, at)| at).collect()
 }
 
-impl PartialOrd for Key {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
+/// The staged keys, hashed: a staged change finds its key in one probe, however many keys
+/// the transaction holds. (An ordered map costs a descent through a tree of cache misses per
+/// change, which was most of a bulk load's staging.)
+type Entries = IndexMap<Bytes, Staged, foldhash::fast::RandomState>;
 
-/// A range of keys as the map searches it.
-fn key_bounds<'a>(
-    (start, end): (Bound<&'a [u8]>, Bound<&'a [u8]>),
-) -> (Bound<&'a KeyRef>, Bound<&'a KeyRef>) {
-    (start.map(KeyRef::of), end.map(KeyRef::of))
-}
-
-/// The staged writes of one transaction: one [`Staged`] per key, in key order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The staged writes of one transaction: one [`Staged`] per key.
+///
+/// Keys are held in a hash map in the order they were first staged, and their key order is
+/// kept apart as positions into it: [`seal`](Self::seal) sorts the keys staged since the last
+/// seal and merges them into that order, so that a transaction pays for ordering once per
+/// key, when it is next read in order (a view of the transaction, a range it holds, the
+/// commit), not per change. Reads in key order are right whether or not the writes are
+/// sealed; unsealed keys are sorted for each such read.
+#[derive(Debug, Clone, Default)]
 pub struct StagedWrites {
-    entries: BTreeMap<Key, Staged>,
+    entries: Entries,
+    /// Positions into `entries` of the keys `0..sealed`, in key order.
+    order: Vec<usize>,
+    /// How many of the first keys of `entries` `order` holds; the rest are unsealed.
+    sealed: usize,
     /// Ranges that must be unchanged at the commit.
     ranges: Vec<RangeRequirement>,
     /// Key and value bytes of every entry, and the bounds of every range requirement.
@@ -230,6 +242,23 @@ pub struct StagedWrites {
     /// one snapshot that has one ([`KvSnapshot::version`](super::KvSnapshot::version)).
     read_at: Option<u64>,
 }
+
+/// The same keys in the same states, the same range requirements, read at the same version:
+/// whatever order the keys were staged in and whether or not they are sealed.
+impl PartialEq for StagedWrites {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries.len() == other.entries.len()
+            && self
+                .entries
+                .iter()
+                .all(|(key, staged)| other.entries.get(key.as_ref()) == Some(staged))
+            && self.ranges == other.ranges
+            && self.bytes == other.bytes
+            && self.read_at == other.read_at
+    }
+}
+
+impl Eq for StagedWrites {}
 
 impl StagedWrites {
     /// Nothing staged.
@@ -256,6 +285,133 @@ impl StagedWrites {
         self.read_at
     }
 
+    /// Whether every key is in the key order, so that reads in order cost nothing more.
+    #[must_use]
+    pub fn is_sealed(&self) -> bool {
+        self.sealed == self.entries.len()
+    }
+
+    /// Brings every key staged since the last seal into the key order: they are sorted, and
+    /// merged with the keys already in order. Costs the new keys' sort and one pass over the
+    /// order; nothing when nothing was staged since.
+    pub fn seal(&mut self) {
+        if self.is_sealed() {
+            return;
+        }
+        let entries = &self.entries;
+        let key = |at: usize| {
+            entries
+                .get_index(at)
+                .map_or(&[][..], |(key, _)| key.as_ref())
+        };
+        let fresh = sorted_positions(entries, self.sealed..entries.len());
+        if self.order.is_empty() {
+            self.order = fresh;
+        } else {
+            let mut merged = Vec::with_capacity(self.order.len() + fresh.len());
+            let mut old = self.order.iter().copied().peekable();
+            for at in fresh {
+                let new_key = key(at);
+                while let Some(before) =
+                    old.next_if(|&o| cmp_keys(key(o), new_key) == Ordering::Less)
+                {
+                    merged.push(before);
+                }
+                merged.push(at);
+            }
+            merged.extend(old);
+            self.order = merged;
+        }
+        self.sealed = self.entries.len();
+    }
+
+    /// Positions of the entries whose keys are in `range`, in key order.
+    fn positions_in(&self, range: (Bound<&[u8]>, Bound<&[u8]>)) -> Vec<usize> {
+        let entries = &self.entries;
+        let key = |at: usize| {
+            entries
+                .get_index(at)
+                .map_or(&[][..], |(key, _)| key.as_ref())
+        };
+        let lo = match range.0 {
+            Bound::Included(start) => self
+                .order
+                .partition_point(|&at| cmp_keys(key(at), start) == Ordering::Less),
+            Bound::Excluded(start) => self
+                .order
+                .partition_point(|&at| cmp_keys(key(at), start) != Ordering::Greater),
+            Bound::Unbounded => 0,
+        };
+        let hi = match range.1 {
+            Bound::Included(end) => self
+                .order
+                .partition_point(|&at| cmp_keys(key(at), end) != Ordering::Greater),
+            Bound::Excluded(end) => self
+                .order
+                .partition_point(|&at| cmp_keys(key(at), end) == Ordering::Less),
+            Bound::Unbounded => self.order.len(),
+        };
+        let sealed = self.order.get(lo..hi.max(lo)).unwrap_or_default();
+        if self.is_sealed() {
+            return sealed.to_vec();
+        }
+        // Keys staged since the last seal: those in the range, sorted, merged in.
+        let fresh: Vec<usize> = (self.sealed..entries.len())
+            .filter(|&at| {
+                entries
+                    .get_index(at)
+                    .is_some_and(|(key, _)| in_bounds(key, range))
+            })
+            .collect();
+        let fresh = sorted_positions(entries, fresh.into_iter());
+        let mut merged = Vec::with_capacity(sealed.len() + fresh.len());
+        let mut old = sealed.iter().copied().peekable();
+        for at in fresh {
+            while let Some(before) = old.next_if(|&o| cmp_keys(key(o), key(at)) == Ordering::Less) {
+                merged.push(before);
+            }
+            merged.push(at);
+        }
+        merged.extend(old);
+        merged
+    }
+
+    /// The entries at `positions`.
+    fn at(&self, positions: Vec<usize>) -> impl DoubleEndedIterator<Item = (&Bytes, &Staged)> {
+        positions
+            .into_iter()
+            .filter_map(|at| self.entries.get_index(at))
+    }
+
+    /// Every entry, in key order.
+    fn ordered(&self) -> impl DoubleEndedIterator<Item = (&Bytes, &Staged)> {
+        let all = if self.is_sealed() {
+            None
+        } else {
+            Some(self.positions_in((Bound::Unbounded, Bound::Unbounded)))
+        };
+        let sealed = all.is_none().then(|| {
+            self.order
+                .iter()
+                .filter_map(|&at| self.entries.get_index(at))
+        });
+        sealed
+            .into_iter()
+            .flatten()
+            .chain(all.into_iter().flat_map(|positions| self.at(positions)))
+    }
+
+    /// After the key at position `at` was taken out: if it was in the key order, forgets the
+    /// order (positions after it may have moved), and the next seal sorts every key again.
+    /// A change taken back removes the keys it staged newest first, which are past the order
+    /// unless the writes were sealed in the middle of it.
+    fn unseal_from(&mut self, at: usize) {
+        if at < self.sealed {
+            self.order.clear();
+            self.sealed = 0;
+        }
+    }
+
     /// Whether these writes change something `reader` requires: a key it requires something
     /// of, or a key inside a range it requires unchanged. When they do not, what `reader`
     /// requires holds after them if it held before them.
@@ -266,13 +422,13 @@ impl StagedWrites {
             self.entries
                 .iter()
                 .filter(|(_, staged)| staged.write.is_some())
-                .any(|(key, _)| reader.entries.get(KeyRef::of(&key.0)).is_some_and(required))
+                .any(|(key, _)| reader.entries.get(key.as_ref()).is_some_and(required))
         } else {
             reader
                 .entries
                 .iter()
                 .filter(|(_, staged)| required(staged))
-                .any(|(key, _)| self.read(&key.0).is_some())
+                .any(|(key, _)| self.read(key).is_some())
         };
         point
             || reader
@@ -302,7 +458,7 @@ impl StagedWrites {
     /// What is staged for `key`.
     #[must_use]
     pub fn get(&self, key: &[u8]) -> Option<&Staged> {
-        self.entries.get(KeyRef::of(key))
+        self.entries.get(key)
     }
 
     /// What a read of `key` through the transaction sees, where the transaction decides it:
@@ -310,7 +466,7 @@ impl StagedWrites {
     #[must_use]
     pub fn read(&self, key: &[u8]) -> Option<Option<&Bytes>> {
         self.entries
-            .get(KeyRef::of(key))
+            .get(key)
             .and_then(|staged| staged.write.as_ref().map(Option::as_ref))
     }
 
@@ -321,9 +477,8 @@ impl StagedWrites {
         &self,
         range: (Bound<&[u8]>, Bound<&[u8]>),
     ) -> impl DoubleEndedIterator<Item = (&Bytes, Option<&Bytes>)> {
-        self.entries
-            .range::<KeyRef, _>(key_bounds(range))
-            .filter_map(|(key, staged)| Some((&key.0, staged.write.as_ref()?.as_ref())))
+        self.at(self.positions_in(range))
+            .filter_map(|(key, staged)| Some((key, staged.write.as_ref()?.as_ref())))
     }
 
     /// The keys of `range` written or deleted, as [`written`](Self::written).
@@ -340,7 +495,14 @@ impl StagedWrites {
 
     /// Every entry, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &Staged)> {
-        self.entries.iter().map(|(key, staged)| (&key.0, staged))
+        self.ordered()
+    }
+
+    /// Every entry, in the order the keys were first staged: for a reader that needs each
+    /// key once but not their order (a log record), which then reads the entries in the
+    /// order they lie in memory.
+    pub fn iter_unordered(&self) -> impl Iterator<Item = (&Bytes, &Staged)> {
+        self.entries.iter()
     }
 
     /// The ranges that must be unchanged at the commit, in the order they were required.
@@ -364,9 +526,9 @@ impl StagedWrites {
     /// what it decided stands. Callers state what the snapshot showed before they write a
     /// stored record (an update, a delete) or when they depend on a key they do not write.
     pub fn require(&mut self, key: Bytes, requirement: Requirement, undo: &mut Undo) {
-        if let Entry::Vacant(slot) = self.entries.entry(Key(key)) {
-            undo.record(slot.key().0.clone(), None);
-            self.bytes += slot.key().0.len();
+        if let Entry::Vacant(slot) = self.entries.entry(key) {
+            undo.record(slot.key().clone(), None);
+            self.bytes += slot.key().len();
             slot.insert(Staged {
                 requirement,
                 write: None,
@@ -396,7 +558,7 @@ impl StagedWrites {
         mut value: impl FnMut(&[u8]) -> Result<Option<V>, E>,
         mut range: impl FnMut(&KeyRange, &mut dyn FnMut(&[u8], &[u8])) -> Result<(), E>,
     ) -> Result<Option<Conflict>, E> {
-        for (Key(key), staged) in &self.entries {
+        for (key, staged) in self.ordered() {
             let unmet = match staged.requirement {
                 Requirement::None => continue,
                 Requirement::Absent => value(key)?
@@ -448,25 +610,46 @@ impl StagedWrites {
     /// Stages `key = value` unless the transaction already wrote the key or requires it to
     /// be present, in one look-up; says which.
     pub fn insert_new(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Prior {
-        let prior = match self.entries.get(KeyRef::of(&key)) {
-            // Nothing, or only a check that the key is absent.
-            None
-            | Some(Staged {
-                write: None,
-                requirement: Requirement::Absent,
-            }) => Prior::Unstaged,
-            Some(Staged {
-                write: Some(None), ..
-            }) => Prior::Deleted,
-            Some(Staged {
-                write: Some(Some(_)),
-                ..
-            }) => return Prior::Written,
-            Some(Staged { write: None, .. }) => return Prior::Required,
-        };
-        // Absent or deleted here: an insert cannot contradict either.
-        let _ = self.step(key, Step::Insert(value), undo);
-        prior
+        match self.entries.entry(key) {
+            Entry::Vacant(slot) => {
+                undo.record(slot.key().clone(), None);
+                self.bytes += slot.key().len() + value.len();
+                slot.insert(Staged {
+                    requirement: Requirement::Absent,
+                    write: Some(Some(value)),
+                });
+                Prior::Unstaged
+            }
+            Entry::Occupied(mut slot) => {
+                let (prior, requirement) = match slot.get() {
+                    // Only a check that the key is absent: the insert makes it one.
+                    Staged {
+                        write: None,
+                        requirement: Requirement::Absent,
+                    } => (Prior::Unstaged, Requirement::Absent),
+                    // Deleted here: written over, with what the store must hold unchanged.
+                    Staged {
+                        write: Some(None),
+                        requirement,
+                    } => (Prior::Deleted, *requirement),
+                    Staged {
+                        write: Some(Some(_)),
+                        ..
+                    } => return Prior::Written,
+                    Staged { write: None, .. } => return Prior::Required,
+                };
+                let next = Staged {
+                    requirement,
+                    write: Some(Some(value)),
+                };
+                let key = slot.key().clone();
+                let previous = std::mem::replace(slot.get_mut(), next);
+                self.bytes -= previous.bytes(&key);
+                self.bytes += slot.get().bytes(&key);
+                undo.record(key, Some(previous));
+                prior
+            }
+        }
     }
 
     /// Replaces the value the transaction wrote at `key` with what `rewrite` makes of it, in
@@ -477,26 +660,26 @@ impl StagedWrites {
     /// `rewrite`'s error; nothing is changed then.
     pub fn rewrite<E>(
         &mut self,
-        key: Bytes,
+        key: &[u8],
         undo: &mut Undo,
         rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
     ) -> Result<bool, E> {
-        let Entry::Occupied(mut slot) = self.entries.entry(Key(key)) else {
+        let Some((_, stored_key, staged)) = self.entries.get_full_mut(key) else {
             return Ok(false);
         };
-        let Some(Some(old)) = &slot.get().write else {
+        let Some(Some(old)) = &staged.write else {
             return Ok(false);
         };
         let Some(new) = rewrite(old)? else {
             return Ok(true);
         };
-        let mut next = slot.get().clone();
-        next.write = Some(Some(new));
-        let key = slot.key().0.clone();
-        let previous = std::mem::replace(slot.get_mut(), next);
-        self.bytes -= previous.bytes(&key);
-        self.bytes += slot.get().bytes(&key);
-        undo.record(key, Some(previous));
+        let (old_len, new_len) = (old.len(), new.len());
+        let previous = Staged {
+            requirement: staged.requirement,
+            write: staged.write.replace(Some(new)),
+        };
+        self.bytes = self.bytes - old_len + new_len;
+        undo.record(stored_key.clone(), Some(previous));
         Ok(true)
     }
 
@@ -548,13 +731,28 @@ impl StagedWrites {
                 self.bytes -= range.range.start.len() + range.range.end.len();
             }
         }
+        // Newest first: a key the change created is the last one staged when its turn comes,
+        // so taking it out moves no other key.
         for (key, previous) in undo.previous.into_iter().rev() {
-            if let Some(now) = self.entries.remove(KeyRef::of(&key)) {
-                self.bytes -= now.bytes(&key);
-            }
-            if let Some(previous) = previous {
-                self.bytes += previous.bytes(&key);
-                self.entries.insert(Key(key), previous);
+            match previous {
+                Some(previous) => {
+                    self.bytes += previous.bytes(&key);
+                    match self.entries.get_mut(key.as_ref()) {
+                        Some(now) => {
+                            let now = std::mem::replace(now, previous);
+                            self.bytes -= now.bytes(&key);
+                        }
+                        None => {
+                            self.entries.insert(key, previous);
+                        }
+                    }
+                }
+                None => {
+                    if let Some((at, _, now)) = self.entries.swap_remove_full(key.as_ref()) {
+                        self.bytes -= now.bytes(&key);
+                        self.unseal_from(at);
+                    }
+                }
             }
         }
     }
@@ -562,7 +760,7 @@ impl StagedWrites {
     /// Folds a change of `key` into what is staged for it. The state the key is in at this
     /// point is known when the transaction wrote it; otherwise it is the store's.
     fn step(&mut self, key: Bytes, step: Step, undo: &mut Undo) -> Result<(), KvError> {
-        match self.entries.entry(Key(key)) {
+        match self.entries.entry(key) {
             Entry::Vacant(slot) => {
                 let staged = match step {
                     Step::Put(value) => Staged {
@@ -582,14 +780,14 @@ impl StagedWrites {
                         write: None,
                     },
                 };
-                undo.record(slot.key().0.clone(), None);
-                self.bytes += staged.bytes(&slot.key().0);
+                undo.record(slot.key().clone(), None);
+                self.bytes += staged.bytes(slot.key());
                 slot.insert(staged);
             }
             Entry::Occupied(mut slot) => {
                 let mut next = slot.get().clone();
                 let contradiction = |reason| KvError::ContradictoryWriteSet {
-                    key: slot.key().0.to_vec(),
+                    key: slot.key().to_vec(),
                     reason,
                 };
                 let present_here = match (&next.write, next.requirement) {
@@ -617,7 +815,7 @@ impl StagedWrites {
                         None => next.requirement = Requirement::Present,
                     },
                 }
-                let key = slot.key().0.clone();
+                let key = slot.key().clone();
                 let previous = std::mem::replace(slot.get_mut(), next);
                 self.bytes -= previous.bytes(&key);
                 self.bytes += slot.get().bytes(&key);
@@ -641,7 +839,7 @@ impl StagedWrites {
                 max_bytes: limits.max_write_set_bytes,
             });
         }
-        for (Key(key), staged) in &self.entries {
+        for (key, staged) in &self.entries {
             if key.len() > limits.max_key_bytes {
                 return Err(KvError::KeyTooLarge {
                     len: key.len(),
@@ -663,10 +861,10 @@ impl StagedWrites {
     /// backend that puts its keys under a prefix of its own).
     #[must_use]
     pub fn map_keys(&self, key: impl Fn(&[u8]) -> Bytes) -> StagedWrites {
-        let entries: BTreeMap<Key, Staged> = self
-            .entries
-            .iter()
-            .map(|(k, staged)| (Key(key(&k.0)), staged.clone()))
+        // In key order, so that the new keys, in the same order, are sealed as they are.
+        let entries: Entries = self
+            .ordered()
+            .map(|(k, staged)| (key(k), staged.clone()))
             .collect();
         let ranges: Vec<RangeRequirement> = self
             .ranges
@@ -679,17 +877,32 @@ impl StagedWrites {
                 digest: required.digest,
             })
             .collect();
-        let bytes = entries.iter().map(|(k, s)| s.bytes(&k.0)).sum::<usize>()
+        let bytes = entries.iter().map(|(k, s)| s.bytes(k)).sum::<usize>()
             + ranges
                 .iter()
                 .map(|r| r.range.start.len() + r.range.end.len())
                 .sum::<usize>();
-        StagedWrites {
+        // Keys that kept their order are sealed; keys that did not are sorted again.
+        let in_order = entries.len() == self.entries.len()
+            && entries
+                .keys()
+                .zip(entries.keys().skip(1))
+                .all(|(a, b)| cmp_keys(a, b) == Ordering::Less);
+        let (order, sealed) = if in_order {
+            ((0..entries.len()).collect(), entries.len())
+        } else {
+            (Vec::new(), 0)
+        };
+        let mut mapped = StagedWrites {
             entries,
+            order,
+            sealed,
             ranges,
             bytes,
             read_at: None,
-        }
+        };
+        mapped.seal();
+        mapped
     }
 }
 

@@ -166,6 +166,7 @@ impl WriteSet {
         for mutation in self.mutations {
             staged.apply(mutation, &mut undo)?;
         }
+        staged.seal();
         Ok(staged)
     }
 }

@@ -13,11 +13,12 @@
 //! name rows have not arrived, a file whose mapping has not) is kept as state and checked when
 //! the transaction commits ([`Staging::pending`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::mem;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use foldhash::fast::RandomState;
 use futures::StreamExt as _;
 
 use super::fold::{self, OwnedName};
@@ -34,9 +35,10 @@ use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, Staged
 use crate::model::Violation;
 use crate::model::{CatalogTable, Cell, TableId};
 
-/// Bytes of bookkeeping per staged key beyond its key and value: the map's node share, two
-/// buffer handles and the entry.
-const BYTES_PER_KEY: usize = 112;
+/// Bytes of bookkeeping per staged key beyond its key and value: the hash map's entry (the
+/// hash, the key's buffer handle and its state, 104 bytes) and index slot, the key's position
+/// in the key order, and the slack the map's doubling leaves on average.
+const BYTES_PER_KEY: usize = 160;
 /// Bytes of bookkeeping per inserted data file (its mapping reference) and per inserted
 /// mapping (the id map).
 const BYTES_PER_REFERENCE: usize = 48;
@@ -146,11 +148,11 @@ pub struct Staging {
     arena: Arena,
     /// Per `mapping_id`, the table of the mapping the transaction inserted that its later
     /// name rows join.
-    inserted_ids: HashMap<i64, i64>,
+    inserted_ids: HashMap<i64, i64, RandomState>,
     /// Mappings inserted with no name row yet, `(table_id, mapping_id)`.
-    unnamed: BTreeSet<(i64, i64)>,
+    unnamed: HashSet<(i64, i64), RandomState>,
     /// Mappings with a `parent_column` that is none of their columns (yet).
-    missing_parents: BTreeMap<(i64, i64), Vec<Violation>>,
+    missing_parents: HashMap<(i64, i64), Vec<Violation>, RandomState>,
     /// Name rows whose mapping the transaction has not inserted (yet), by `mapping_id`.
     waiting: BTreeMap<i64, Vec<OwnedName>>,
     /// Mappings whose insert was refused: their name rows are part of that refusal, not
@@ -193,9 +195,9 @@ impl Staging {
             base,
             writes,
             arena: Arena::default(),
-            inserted_ids: HashMap::new(),
-            unnamed: BTreeSet::new(),
-            missing_parents: BTreeMap::new(),
+            inserted_ids: HashMap::default(),
+            unnamed: HashSet::default(),
+            missing_parents: HashMap::default(),
             waiting: BTreeMap::new(),
             refused: BTreeSet::new(),
             waiting_bytes: 0,
@@ -216,10 +218,19 @@ impl Staging {
     }
 
     /// What the transaction reads: its snapshot with its staged writes over it. Shares the
-    /// staged writes; a later change copies them only while such a view is still held.
+    /// staged writes (put in key order first, for the view's range reads); a later change
+    /// copies them only while such a view is still held.
     #[must_use]
-    pub fn view(&self) -> CatalogSnapshot {
+    pub fn view(&mut self) -> CatalogSnapshot {
+        self.seal();
         self.base.overlaid(Arc::clone(&self.writes))
+    }
+
+    /// Puts the keys staged since the last time in key order ([`StagedWrites::seal`]).
+    fn seal(&mut self) {
+        if !self.writes.is_sealed() {
+            Arc::make_mut(&mut self.writes).seal();
+        }
     }
 
     /// The staged writes.
@@ -574,7 +585,14 @@ impl Staging {
     /// What the transaction sees in `range`: the digest of what the snapshot holds there
     /// (what a commit requires it to hold still) and, with `keys`, the keys of its view (the
     /// stored ones less those the transaction deleted, with those it wrote) in key order.
-    async fn read_range(&self, range: &KeyRange, keys: bool) -> Result<(Digest, BTreeSet<Bytes>)> {
+    async fn read_range(
+        &mut self,
+        range: &KeyRange,
+        keys: bool,
+    ) -> Result<(Digest, BTreeSet<Bytes>)> {
+        if keys {
+            self.seal();
+        }
         let mut digester = Digester::new();
         let mut view = BTreeSet::new();
         let mut pages = self.base.pages(vec![range.clone()], PageSize::default());
@@ -843,7 +861,7 @@ impl Staging {
                 let key = arena.build(|out| {
                     keyspace.put_row_key(out, Kind::Mapping, TableId(table_id), mapping_id);
                 });
-                writes.rewrite(key, undo, |value| -> Result<Option<Bytes>> {
+                writes.rewrite(&key, undo, |value| -> Result<Option<Bytes>> {
                     let record = read_mapping(value)?;
                     let head = record.head();
                     let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
@@ -1199,15 +1217,25 @@ impl Staging {
     #[must_use]
     pub fn pending(&self) -> Vec<Violation> {
         let keyspace = self.base.keyspace();
-        let mut out: Vec<Violation> = self
-            .unnamed
-            .iter()
-            .map(|&(table_id, mapping_id)| Violation::EmptyMapping {
+        // In key order, as the mappings are stored.
+        let mut unnamed: Vec<MappingKey> = self.unnamed.iter().copied().collect();
+        unnamed.sort_unstable();
+        let mut out: Vec<Violation> = unnamed
+            .into_iter()
+            .map(|(table_id, mapping_id)| Violation::EmptyMapping {
                 table_id,
                 mapping_id,
             })
             .collect();
-        out.extend(self.missing_parents.values().flatten().cloned());
+        let mut missing: Vec<(&MappingKey, &Vec<Violation>)> =
+            self.missing_parents.iter().collect();
+        missing.sort_unstable_by_key(|(key, _)| **key);
+        out.extend(
+            missing
+                .into_iter()
+                .flat_map(|(_, violations)| violations)
+                .cloned(),
+        );
         out.extend(
             self.waiting
                 .iter()
@@ -1282,6 +1310,7 @@ impl Staging {
                 writes.require_present(key, undo)?;
             }
         }
+        self.seal();
         Ok((self.writes, self.affected, self.summary))
     }
 

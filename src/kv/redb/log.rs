@@ -120,10 +120,12 @@ impl Log {
         seq: u64,
         groups: &(impl Iterator<Item = &'a StagedWrites> + Clone),
     ) -> io::Result<()> {
+        // Each group's keys are distinct, and replay applies a record's operations in turn, so
+        // a group's keys may come in any order: the order they lie in memory.
         let ops = || {
             groups
                 .clone()
-                .flat_map(StagedWrites::iter)
+                .flat_map(StagedWrites::iter_unordered)
                 .filter_map(|(key, staged)| {
                     staged
                         .write

@@ -88,7 +88,8 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
         ]
     );
     assert_eq!(contents(&db), pairs(&[("c", "3"), ("k", "first")]));
-    // The group is in the log as one record, holding only the accepted commits' writes.
+    // The group is in the log as one record, holding only the accepted commits' writes, in
+    // commit order; within a commit (where each key appears once) in the order they were staged.
     drop(writer);
     let (_, records) = log::tests::read(dir.path());
     assert_eq!(records.len(), 1);
@@ -96,8 +97,8 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
     assert_eq!(
         records[0].1,
         vec![
-            (b"a".to_vec(), Some(b"1".to_vec())),
             (b"k".to_vec(), Some(b"first".to_vec())),
+            (b"a".to_vec(), Some(b"1".to_vec())),
             (b"a".to_vec(), None),
             (b"c".to_vec(), Some(b"3".to_vec())),
         ]
