@@ -200,15 +200,35 @@ fn head(key: &[u8]) -> [u64; 3] {
     words
 }
 
+/// The key at position `at` of `entries` (none past the end).
+fn key_at(entries: &Entries, at: usize) -> &[u8] {
+    entries
+        .get_index(at)
+        .map_or(&[][..], |(key, _)| key.as_ref())
+}
+
+/// Positions `old` and `fresh`, each in key order, merged into one key order.
+fn merge_positions(entries: &Entries, old: &[usize], fresh: Vec<usize>) -> Vec<usize> {
+    let mut merged = Vec::with_capacity(old.len() + fresh.len());
+    let mut old = old.iter().copied().peekable();
+    for at in fresh {
+        let new_key = key_at(entries, at);
+        while let Some(before) =
+            old.next_if(|&o| cmp_keys(key_at(entries, o), new_key) == Ordering::Less)
+        {
+            merged.push(before);
+        }
+        merged.push(at);
+    }
+    merged.extend(old);
+    merged
+}
+
 /// The positions `at` of `entries`, in the order of their keys. The sort compares the keys'
 /// heads, held beside their positions, and reads a key itself only where two heads are equal,
 /// so it runs in cache rather than through the map.
 fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize>) -> Vec<usize> {
-    let key = |at: usize| {
-        entries
-            .get_index(at)
-            .map_or(&[][..], |(key, _)| key.as_ref())
-    };
+    let key = |at: usize| key_at(entries, at);
     let mut heads: Vec<([u64; 3], usize)> = at.map(|at| (head(key(at)), at)).collect();
     heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
     heads.into_iter().map(|(_, at)| at).collect()
@@ -299,40 +319,19 @@ impl StagedWrites {
             return;
         }
         let entries = &self.entries;
-        let key = |at: usize| {
-            entries
-                .get_index(at)
-                .map_or(&[][..], |(key, _)| key.as_ref())
-        };
         let fresh = sorted_positions(entries, self.sealed..entries.len());
-        if self.order.is_empty() {
-            self.order = fresh;
+        self.order = if self.order.is_empty() {
+            fresh
         } else {
-            let mut merged = Vec::with_capacity(self.order.len() + fresh.len());
-            let mut old = self.order.iter().copied().peekable();
-            for at in fresh {
-                let new_key = key(at);
-                while let Some(before) =
-                    old.next_if(|&o| cmp_keys(key(o), new_key) == Ordering::Less)
-                {
-                    merged.push(before);
-                }
-                merged.push(at);
-            }
-            merged.extend(old);
-            self.order = merged;
-        }
+            merge_positions(entries, &self.order, fresh)
+        };
         self.sealed = self.entries.len();
     }
 
     /// Positions of the entries whose keys are in `range`, in key order.
     fn positions_in(&self, range: (Bound<&[u8]>, Bound<&[u8]>)) -> Vec<usize> {
         let entries = &self.entries;
-        let key = |at: usize| {
-            entries
-                .get_index(at)
-                .map_or(&[][..], |(key, _)| key.as_ref())
-        };
+        let key = |at: usize| key_at(entries, at);
         let lo = match range.0 {
             Bound::Included(start) => self
                 .order
@@ -363,17 +362,11 @@ impl StagedWrites {
                     .is_some_and(|(key, _)| in_bounds(key, range))
             })
             .collect();
-        let fresh = sorted_positions(entries, fresh.into_iter());
-        let mut merged = Vec::with_capacity(sealed.len() + fresh.len());
-        let mut old = sealed.iter().copied().peekable();
-        for at in fresh {
-            while let Some(before) = old.next_if(|&o| cmp_keys(key(o), key(at)) == Ordering::Less) {
-                merged.push(before);
-            }
-            merged.push(at);
-        }
-        merged.extend(old);
-        merged
+        merge_positions(
+            entries,
+            sealed,
+            sorted_positions(entries, fresh.into_iter()),
+        )
     }
 
     /// The entries at `positions`.
