@@ -3,17 +3,26 @@
 
 DuckLake keeps three catalog tables for Parquet it did not write itself
 (`ducklake_add_data_files`): `ducklake_column_mapping`, `ducklake_name_mapping` and
-`ducklake_data_file`. This client copies them from a DuckLake catalog kept in a DuckDB file
-into a moraine server, one moraine transaction per DuckLake commit, through the ADBC Flight SQL
-driver: inserts with `adbc_ingest`, retirements and deletes with DuckLake's own statement
-shapes. Nothing else of the catalog is copied.
+`ducklake_data_file`. This client copies them from a DuckLake catalog, kept in a DuckDB file or
+in PostgreSQL, into a moraine server, one moraine transaction per DuckLake commit, through the
+ADBC Flight SQL driver: inserts with `adbc_ingest`, retirements and deletes with DuckLake's own
+statement shapes. Nothing else of the catalog is copied. It mirrors DuckLake catalog version
+0.3 (what DuckDB 1.4's DuckLake writes) and refuses any other, naming it.
 
-Command line (needs `duckdb`, `adbc-driver-flightsql` and `pyarrow`; not the DuckLake
-extension, the catalog file is read as a plain DuckDB database):
+Command line (needs `adbc-driver-flightsql` and `pyarrow`; for a DuckDB file `duckdb`, read as
+a plain DuckDB database, and for PostgreSQL `adbc-driver-postgresql`, a libpq client; never
+the DuckLake extension):
 
     python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://127.0.0.1:50051
+    python integration/ducklake_mirror.py --catalog 'postgres:dbname=lake host=db.internal' \
+        --moraine grpc://127.0.0.1:50051
     python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://... --watch 5
     python integration/ducklake_mirror.py --catalog lake.ducklake --moraine grpc://... --dry-run
+
+`postgres:` takes a libpq connection string (`host=... dbname=...` or `postgresql://...`; the
+catalog's password in PGPASSWORD or ~/.pgpass), the one DuckLake's own
+`ATTACH 'ducklake:postgres:...'` names; DuckLake's tables are read from the connection's
+`search_path`, in one REPEATABLE READ transaction per sync.
 
 A server started with `--auth-file` needs credentials: `--username NAME` logs in with the
 password in the environment variable MORAINE_PASSWORD (never on the command line, where other
@@ -26,8 +35,8 @@ a bearer token. The mirror stages writes, so the user or token needs the writer 
         --moraine grpc://...
 
 It prints one line per moraine transaction and exits 0 (1 on an error). DuckDB locks a
-database file for the process that writes it, so the command line reads a catalog no other
-process holds open; inside the process that runs DuckLake, use the library on the attached
+database file for the process that writes it, so the command line reads a DuckDB-file catalog
+no other process holds open (a PostgreSQL catalog it reads while DuckLake writes); inside the process that runs DuckLake, use the library on the attached
 catalog instead:
 
     import duckdb
@@ -89,6 +98,7 @@ join sees neither).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -183,8 +193,68 @@ class CatalogRead:
     dropped_tables: Dict[int, int]  # table_id -> the snapshot that dropped it
 
 
-class DuckLakeCatalog:
-    """Read access to the metadata tables of a DuckLake catalog stored in a DuckDB file.
+# The DuckLake catalog versions whose three tables moraine serves (DuckLake 0.3's shape:
+# `ducklake_data_file.partial_file_info`; 0.4 replaced it by `partial_max`).
+SUPPORTED_VERSIONS = ("0.3",)
+
+
+class Catalog:
+    """Read access to the metadata tables of a DuckLake catalog: `read()` runs every query
+    of one sync in one read transaction of the catalog's database, so what it returns is one
+    consistent state even while DuckLake commits. Subclasses say how to open that transaction
+    (`_transaction`, yielding a function that runs one query and returns its rows) and how to
+    name a metadata table (`_table`)."""
+
+    def _transaction(self):
+        raise NotImplementedError
+
+    def _table(self, name: str) -> str:
+        return name
+
+    def read(self, file_cursor: int, snapshot_cursor: int) -> CatalogRead:
+        t = self._table
+        cols = lambda table: ", ".join(column_names(table))  # noqa: E731
+        with self._transaction() as q:
+            versions = [v for (v,) in q(
+                f"SELECT value FROM {t('ducklake_metadata')} WHERE key = 'version'")]
+            check_version(versions)
+            snapshots = [tuple(r) for r in q(
+                f"SELECT snapshot_id, next_file_id FROM {t('ducklake_snapshot')} "
+                "ORDER BY snapshot_id")]
+            mapping_tables = {m: tb for m, tb in q(
+                f"SELECT mapping_id, table_id FROM {t(COLUMN_MAPPING)} "
+                "WHERE mapping_id IS NOT NULL")}
+            file_ids = {r[0] for r in q(f"SELECT data_file_id FROM {t(DATA_FILE)}")}
+            mappings = [tuple(r) for r in q(
+                f"SELECT {cols(COLUMN_MAPPING)} FROM {t(COLUMN_MAPPING)} "
+                "WHERE mapping_id >= ? ORDER BY mapping_id", [file_cursor])]
+            names = [tuple(r) for r in q(
+                f"SELECT {cols(NAME_MAPPING)} FROM {t(NAME_MAPPING)} WHERE mapping_id >= ? "
+                "ORDER BY mapping_id, column_id", [file_cursor])]
+            files = [tuple(r) for r in q(
+                f"SELECT {cols(DATA_FILE)} FROM {t(DATA_FILE)} "
+                "WHERE data_file_id >= ? OR end_snapshot > ? ORDER BY data_file_id",
+                [file_cursor, snapshot_cursor])]
+            dropped = {tb: s for tb, s in q(
+                f"SELECT table_id, end_snapshot FROM {t('ducklake_table')} "
+                "WHERE end_snapshot IS NOT NULL")}
+        return CatalogRead(snapshots, mapping_tables, file_ids, mappings, names, files, dropped)
+
+
+def check_version(versions: Sequence[str]) -> None:
+    """Refuses a catalog whose DuckLake version (`ducklake_metadata`'s `version` key) has
+    other columns in its tables than the ones moraine serves."""
+    if len(versions) != 1:
+        raise MirrorError(f"the catalog's ducklake_metadata has {len(versions)} `version` "
+                          "rows, expected one")
+    if versions[0] not in SUPPORTED_VERSIONS:
+        raise MirrorError(
+            f"the catalog is DuckLake catalog version {versions[0]}; moraine serves the "
+            f"tables of version {', '.join(SUPPORTED_VERSIONS)} (DuckDB 1.4's DuckLake)")
+
+
+class DuckLakeCatalog(Catalog):
+    """A DuckLake catalog stored in a DuckDB file.
 
     `open(path)` reads the file itself (a fresh read-only connection per read, so a
     long-running mirror sees new commits); `attached(con, name)` reads the catalog that
@@ -208,6 +278,9 @@ class DuckLakeCatalog:
     def attached(cls, con, name: str) -> "DuckLakeCatalog":
         return cls(connection=con, database=f"__ducklake_metadata_{name}")
 
+    def _table(self, name: str) -> str:
+        return f"{self._db}.{name}"
+
     def _cursor(self):
         if self._connection is not None:
             return self._connection.cursor()
@@ -218,37 +291,69 @@ class DuckLakeCatalog:
         con.execute(f"ATTACH '{quoted}' AS {self._db} (TYPE duckdb, READ_ONLY)")
         return con
 
-    def read(self, file_cursor: int, snapshot_cursor: int) -> CatalogRead:
-        db = self._db
+    @contextlib.contextmanager
+    def _transaction(self):
         cur = self._cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
-            q = lambda sql, params=(): cur.execute(sql.format(db=db), list(params)).fetchall()
-            snapshots = [tuple(r) for r in q(
-                "SELECT snapshot_id, next_file_id FROM {db}.ducklake_snapshot ORDER BY snapshot_id")]
-            mapping_tables = {m: t for m, t in q(
-                "SELECT mapping_id, table_id FROM {db}.ducklake_column_mapping "
-                "WHERE mapping_id IS NOT NULL")}
-            file_ids = {r[0] for r in q("SELECT data_file_id FROM {db}.ducklake_data_file")}
-            mappings = [tuple(r) for r in q(
-                "SELECT " + ", ".join(column_names(COLUMN_MAPPING)) +
-                " FROM {db}.ducklake_column_mapping WHERE mapping_id >= ? ORDER BY mapping_id",
-                [file_cursor])]
-            names = [tuple(r) for r in q(
-                "SELECT " + ", ".join(column_names(NAME_MAPPING)) +
-                " FROM {db}.ducklake_name_mapping WHERE mapping_id >= ? "
-                "ORDER BY mapping_id, column_id", [file_cursor])]
-            files = [tuple(r) for r in q(
-                "SELECT " + ", ".join(column_names(DATA_FILE)) +
-                " FROM {db}.ducklake_data_file WHERE data_file_id >= ? OR end_snapshot > ? "
-                "ORDER BY data_file_id", [file_cursor, snapshot_cursor])]
-            dropped = {t: s for t, s in q(
-                "SELECT table_id, end_snapshot FROM {db}.ducklake_table "
-                "WHERE end_snapshot IS NOT NULL")}
+            yield lambda sql, params=(): cur.execute(sql, list(params)).fetchall()
             cur.execute("COMMIT")
         finally:
             cur.close()
-        return CatalogRead(snapshots, mapping_tables, file_ids, mappings, names, files, dropped)
+
+
+class PostgresCatalog(Catalog):
+    """A DuckLake catalog stored in PostgreSQL (`ATTACH 'ducklake:postgres:...'`), read
+    directly through ADBC's PostgreSQL driver (libpq), without DuckDB. `conninfo` is a libpq
+    connection string, either form (`host=... dbname=...` or `postgresql://...`); DuckLake's
+    tables are found on the connection's `search_path` (`public` by default). Each read is one
+    `REPEATABLE READ READ ONLY` transaction on a connection of its own."""
+
+    def __init__(self, conninfo: str):
+        self.conninfo = conninfo
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        import adbc_driver_postgresql.dbapi as pg  # only here: the DuckDB path does not need it
+
+        try:
+            conn = pg.connect(self.conninfo, autocommit=True)
+        except Exception as err:  # noqa: BLE001 - libpq's message names host, port and cause
+            raise MirrorError(f"cannot connect to the PostgreSQL catalog: {err}") from err
+        try:
+            with conn.cursor() as cur:
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+                def q(sql: str, params: Sequence[Any] = ()) -> List[Row]:
+                    if params:
+                        cur.execute(_numbered(sql), list(params))
+                    else:
+                        cur.execute(sql)
+                    return cur.fetchall()
+
+                yield q
+                cur.execute("COMMIT")
+        finally:
+            conn.close()
+
+
+def _numbered(sql: str) -> str:
+    """`?` placeholders as PostgreSQL's `$1, $2, ...` (the mirror's SQL has no other `?`)."""
+    parts = sql.split("?")
+    return parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
+
+
+def open_catalog(spec: str) -> Catalog:
+    """The catalog a command line names: `postgres:CONNINFO` (also DuckLake's own
+    `ducklake:postgres:CONNINFO`) or a DuckDB file (`PATH` or `ducklake:PATH`)."""
+    rest = spec[len("ducklake:"):] if spec.startswith("ducklake:") else spec
+    if rest.startswith("postgres:"):
+        conninfo = rest[len("postgres:"):]
+        if not conninfo.strip():
+            raise MirrorError("`postgres:` needs a libpq connection string, e.g. "
+                              "postgres:dbname=lake host=127.0.0.1")
+        return PostgresCatalog(conninfo)
+    return DuckLakeCatalog.open(rest)
 
 
 # --------------------------------------------------------------------------------------------
@@ -533,7 +638,7 @@ class SyncResult:
 class Mirror:
     """Mirrors one DuckLake catalog into one moraine server; `sync()` as often as wanted."""
 
-    def __init__(self, catalog: DuckLakeCatalog, moraine_uri: str, *, max_attempts: int = 5,
+    def __init__(self, catalog: Catalog, moraine_uri: str, *, max_attempts: int = 5,
                  connect_kwargs: Optional[Dict[str, Any]] = None):
         self.catalog = catalog
         self.uri = moraine_uri
@@ -602,8 +707,11 @@ def _note(err: BaseException, text: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         description="Mirror a DuckLake catalog's mapping and data-file tables into moraine.")
-    parser.add_argument("--catalog", required=True, type=Path,
-                        help="the DuckLake catalog file (a DuckDB database, e.g. lake.ducklake)")
+    parser.add_argument("--catalog", required=True,
+                        help="the DuckLake catalog: a DuckDB file (e.g. lake.ducklake) or "
+                             "postgres:CONNINFO, a libpq connection string (e.g. "
+                             "'postgres:dbname=lake host=db.internal user=mirror'; a password "
+                             "belongs in PGPASSWORD or ~/.pgpass, not on the command line)")
     parser.add_argument("--moraine", required=True,
                         help="the moraine server, e.g. grpc://127.0.0.1:50051")
     parser.add_argument("--username",
@@ -624,7 +732,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         auth = credentials(token=os.environ.get("MORAINE_TOKEN") or None)
     try:
-        mirror = Mirror(DuckLakeCatalog.open(args.catalog), args.moraine, connect_kwargs=auth)
+        mirror = Mirror(open_catalog(args.catalog), args.moraine, connect_kwargs=auth)
         while True:
             if args.dry_run:
                 for c in mirror.plan():

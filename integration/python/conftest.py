@@ -760,6 +760,135 @@ def moraine_uri(moraine) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# A private PostgreSQL cluster, for DuckLake catalogs kept in PostgreSQL.
+
+
+PG_BINARIES = ("initdb", "postgres")
+
+
+class PostgresCluster:
+    """A throwaway PostgreSQL cluster: `initdb` into a temporary directory and `postgres` on a
+    free port of 127.0.0.1 as a child of this process (it dies with pytest, SIGQUIT through
+    PR_SET_PDEATHSIG), trust authentication. initdb and postgres refuse to run as root, so as
+    root both run as the `postgres` user."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = root / "data"
+        self.port = 0
+        self.proc: Optional[subprocess.Popen] = None
+        self._log = None
+        self._ids = None
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                user = pwd.getpwnam("postgres")
+            except KeyError:
+                pytest.skip("running as root needs a `postgres` user to run PostgreSQL as")
+            self._ids = (user.pw_uid, user.pw_gid)
+            os.chown(root, *self._ids)
+
+    def _preexec(self) -> None:
+        if self._ids is not None:
+            uid, gid = self._ids
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        try:  # after setuid, which clears it
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGQUIT)
+        except OSError:
+            pass
+
+    def start(self) -> "PostgresCluster":
+        done = subprocess.run(
+            ["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
+             "--encoding=UTF8", "--locale=C", "--no-instructions", "--no-sync"],
+            capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, cwd=self.root,
+            preexec_fn=self._preexec, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            pytest.fail(f"initdb exited {done.returncode}\n{done.stdout}{done.stderr}",
+                        pytrace=False)
+        self.port = free_port()
+        self._log = open(self.root / "postgres.log", "wb")
+        self.proc = subprocess.Popen(
+            ["postgres", "-D", str(self.data), "-p", str(self.port), "-k", str(self.root),
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.root, preexec_fn=self._preexec)
+        import adbc_driver_postgresql.dbapi as pg
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:  # until it accepts a connection (its own readiness), or exits
+            try:
+                pg.connect(self.conninfo("postgres")).close()
+                return self
+            except Exception as err:  # noqa: BLE001 - not ready yet
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail(f"PostgreSQL did not start ({err}):\n{self.log()}",
+                                pytrace=False)
+                time.sleep(0.05)
+
+    def conninfo(self, dbname: str) -> str:
+        """A libpq connection string to database `dbname`."""
+        return f"host=127.0.0.1 port={self.port} dbname={dbname} user=postgres"
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database; its connection string."""
+        import adbc_driver_postgresql.dbapi as pg
+
+        with pg.connect(self.conninfo("postgres"), autocommit=True) as conn:
+            with conn.cursor() as cur:
+                cur.execute(f'CREATE DATABASE "{name}"')
+        return self.conninfo(name)
+
+    def log(self) -> str:
+        try:
+            return (self.root / "postgres.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """The session's private PostgreSQL cluster (started on first use). Skips, saying why,
+    where the PostgreSQL server binaries are not on PATH."""
+    missing = [b for b in PG_BINARIES if shutil.which(b) is None]
+    if missing:
+        pytest.skip(f"PostgreSQL server binaries not on PATH: {', '.join(missing)}")
+    # Not under pytest's base directory: that is private to this user, and the cluster may
+    # run as `postgres`.
+    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="moraine-pg-")))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
 # Bounds and diagnostics.
 
 

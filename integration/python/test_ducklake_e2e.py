@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -44,6 +45,7 @@ from conftest import (
     add_user,
     column_names,
     create_token,
+    free_port,
     mapping_order_key,
     sort_key,
     sorted_rows,
@@ -120,11 +122,13 @@ def sql_text(value: Any) -> str:
 
 
 class Lake:
-    """A DuckLake catalog in a DuckDB file under `root`, attached as `name` by the real
-    extension; `meta` is a connection of its own to DuckLake's metadata database."""
+    """A DuckLake catalog attached as `name` by the real extension, with its data under
+    `root`: in a DuckDB file under `root`, or with `postgres` (a libpq connection string) in
+    that PostgreSQL database. `meta` is a connection of its own to DuckLake's metadata
+    database (for PostgreSQL, through DuckDB's postgres extension)."""
 
-    def __init__(self, root: Path, name: str = "lake"):
-        self.root, self.name = root, name
+    def __init__(self, root: Path, name: str = "lake", postgres: Optional[str] = None):
+        self.root, self.name, self.postgres = root, name, postgres
         self.catalog_path = root / "catalog.ducklake"
         self.meta_db = f"__ducklake_metadata_{name}"
         self.con = duckdb.connect()
@@ -132,10 +136,24 @@ class Lake:
         self.con.execute("SET autoinstall_known_extensions = false")
         self.con.execute("SET autoload_known_extensions = false")
         self.con.execute("LOAD ducklake")
-        self.con.execute(f"ATTACH {sql_text('ducklake:' + str(self.catalog_path))} AS {name} "
+        if postgres is not None:
+            self.con.execute("LOAD postgres")
+        self.con.execute(f"ATTACH {sql_text('ducklake:' + self.catalog_spec)} AS {name} "
                          f"(DATA_PATH {sql_text(str(root / 'data') + '/')})")
         self.meta = self.con.cursor()
         self.meta.execute(f"USE {self.meta_db}")
+
+    @property
+    def catalog_spec(self) -> str:
+        """The catalog as the mirror's `--catalog` names it (and DuckLake, after `ducklake:`)."""
+        return f"postgres:{self.postgres}" if self.postgres is not None else str(self.catalog_path)
+
+    def mirror_catalog(self) -> dm.Catalog:
+        """The mirror's reader of this catalog: PostgreSQL directly (no DuckDB), or the
+        attached DuckDB file."""
+        if self.postgres is not None:
+            return dm.PostgresCatalog(self.postgres)
+        return dm.DuckLakeCatalog.attached(self.con, self.name)
 
     def sql(self, text: str, params: Sequence[Any] = ()) -> List[Tuple[Any, ...]]:
         return [tuple(r) for r in self.con.execute(text, list(params)).fetchall()]
@@ -289,7 +307,7 @@ def empty_dump(root: Path) -> Path:
 class Harness:
     def __init__(self, lake: Lake, server: Secured):
         self.lake, self.uri, self.auth, self.checks = lake, server.uri, server.auth, server.checks
-        self.catalog = dm.DuckLakeCatalog.attached(lake.con, lake.name)
+        self.catalog = lake.mirror_catalog()
         self.mirror = dm.Mirror(self.catalog, self.uri, connect_kwargs=self.auth)
         self.cursor: Optional[int] = None  # DuckLake's: next_file_id at the previous load
         self.checked: Optional[int] = None  # the snapshot of the previous check
@@ -309,8 +327,8 @@ class Harness:
         again = self.mirror.sync()
         assert again.commits == [], (
             "re-running the mirror staged " + "; ".join(c.describe() for c in again.commits))
-        assert dm.Mirror(dm.DuckLakeCatalog.attached(self.lake.con, self.lake.name),
-                         self.uri, connect_kwargs=self.auth).plan() == [], \
+        assert dm.Mirror(self.lake.mirror_catalog(), self.uri,
+                         connect_kwargs=self.auth).plan() == [], \
             "a fresh mirror still finds work"
         self.check(catalog_orphans=catalog_orphans, every_snapshot=every_snapshot)
         return result
@@ -382,11 +400,24 @@ class Harness:
             return fetch(conn, DATA_FILE_AT, [table_id, snapshot, snapshot]).to_pylist()
 
 
-@pytest.fixture(scope="module")
-def scenario(server_factory, tmp_path_factory) -> Iterator[Harness]:
-    root = tmp_path_factory.mktemp("ducklake-e2e")
-    server = start_secured(server_factory, root, "ducklake-e2e")
-    lake = Lake(root)
+# Where DuckLake keeps the catalog: a DuckDB file, or a database of the session's private
+# PostgreSQL cluster (`postgres_cluster`; skipped where the PostgreSQL binaries are missing).
+BACKENDS = ("duckdb", "postgres")
+_DATABASES = itertools.count(1)
+
+
+def make_lake(request, root: Path, backend: str) -> Lake:
+    if backend == "postgres":
+        cluster = request.getfixturevalue("postgres_cluster")
+        return Lake(root, postgres=cluster.create_database(f"lake_{next(_DATABASES)}"))
+    return Lake(root)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def scenario(request, server_factory, tmp_path_factory) -> Iterator[Harness]:
+    root = tmp_path_factory.mktemp(f"ducklake-e2e-{request.param}")
+    server = start_secured(server_factory, root, f"ducklake-e2e-{request.param}")
+    lake = make_lake(request, root, request.param)
     try:
         yield Harness(lake, server)
     finally:
@@ -769,10 +800,11 @@ def test_s13_final_state(scenario):
 # Catching up: many DuckLake commits, one sync; and a sync interrupted between commits.
 
 
-def test_catch_up_and_resume(server_factory, tmp_path_factory):
-    root = tmp_path_factory.mktemp("ducklake-catchup")
-    running = start_secured(server_factory, root, "ducklake-catchup")
-    lake = Lake(root)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_catch_up_and_resume(request, server_factory, tmp_path_factory, backend):
+    root = tmp_path_factory.mktemp(f"ducklake-catchup-{backend}")
+    running = start_secured(server_factory, root, f"ducklake-catchup-{backend}")
+    lake = make_lake(request, root, backend)
     try:
         h = Harness(lake, running)
         commits = []
@@ -825,10 +857,12 @@ def test_catch_up_and_resume(server_factory, tmp_path_factory):
 # The command line, on a catalog file no DuckLake holds open.
 
 
-def test_command_line(server_factory, tmp_path_factory):
-    root = tmp_path_factory.mktemp("ducklake-cli")
-    running = start_secured(server_factory, root, "ducklake-cli")
-    lake = Lake(root)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_command_line(request, server_factory, tmp_path_factory, backend):
+    root = tmp_path_factory.mktemp(f"ducklake-cli-{backend}")
+    running = start_secured(server_factory, root, f"ducklake-cli-{backend}")
+    lake = make_lake(request, root, backend)
+    catalog = lake.catalog_spec
     try:
         lake.sql(T_DDL)
         lake.add_files("t", lake.write_parquet(full_layout(1), "e/part=q/c1.parquet"),
@@ -837,9 +871,8 @@ def test_command_line(server_factory, tmp_path_factory):
         snapshots = [s for (s,) in lake.catalog("SELECT snapshot_id FROM ducklake_snapshot "
                                                 "ORDER BY snapshot_id")][-2:]
     finally:
-        lake.close()
-    catalog = root / "catalog.ducklake"
-    base = [sys.executable, str(INTEGRATION / "ducklake_mirror.py"), "--catalog", str(catalog),
+        lake.close()  # DuckDB locks the file for the process that has it open
+    base = [sys.executable, str(INTEGRATION / "ducklake_mirror.py"), "--catalog", catalog,
             "--moraine", running.uri]
 
     login = ["--username", MIRROR_USER]
@@ -871,19 +904,67 @@ def test_command_line(server_factory, tmp_path_factory):
     assert run(*login, env={"MORAINE_PASSWORD": MIRROR_PASSWORD}).strip() == \
         "moraine is up to date"
 
-    meta = duckdb.connect(str(catalog), read_only=True)
+    with catalog_query(lake) as meta, moraine(running.uri, running.checks) as conn:
+        for table in TABLES:
+            cols = ", ".join(column_names(table))
+            assert_same_rows(rows_of(fetch(conn, f"SELECT {cols} FROM {table}")),
+                             meta(f"SELECT {cols} FROM {table}"), table)
+        assert_mapping_load(fetch(conn, MAPPING_LOAD), meta(MAPPING_LOAD),
+                            "mapping load after the command line")
+
+    if backend == "postgres":
+        missing, complaint = (f"postgres:host=127.0.0.1 port={free_port()} dbname=none "
+                              "connect_timeout=5", "cannot connect to the PostgreSQL catalog")
+    else:
+        missing, complaint = str(root / "missing.ducklake"), "no DuckLake catalog file"
+    bad = subprocess.run(base[:3] + [missing, "--moraine", running.uri], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "MORAINE_TOKEN": running.token})
+    assert bad.returncode == 1 and complaint in bad.stderr, bad
+
+
+@contextlib.contextmanager
+def catalog_query(lake: Lake) -> Iterator[Any]:
+    """A function running SQL on the (closed) lake's catalog tables, by the catalog's own
+    engine: PostgreSQL through its ADBC driver, or DuckDB on the file, read-only."""
+    if lake.postgres is not None:
+        import adbc_driver_postgresql.dbapi as pg
+
+        with pg.connect(lake.postgres, autocommit=True) as conn, conn.cursor() as cur:
+            def run(sql: str) -> List[Tuple[Any, ...]]:
+                cur.execute(sql)
+                return [tuple(r) for r in cur.fetchall()]
+
+            yield run
+    else:
+        meta = duckdb.connect(str(lake.catalog_path), read_only=True)
+        try:
+            yield lambda sql: [tuple(r) for r in meta.execute(sql).fetchall()]
+        finally:
+            meta.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_other_catalog_version_refused(request, server_factory, tmp_path_factory, backend):
+    """A catalog of another DuckLake version (its tables have other columns) is refused,
+    naming the version, and nothing reaches moraine."""
+    root = tmp_path_factory.mktemp(f"ducklake-version-{backend}")
+    running = start_secured(server_factory, root, f"ducklake-version-{backend}")
+    lake = make_lake(request, root, backend)
     try:
+        lake.sql(T_DDL)
+        lake.add_files("t", lake.write_parquet(full_layout(1), "v/part=a/v1.parquet"),
+                       hive_partitioning=True)
+        # DuckLake 1.0's catalogs say so here (and have `partial_max` for `partial_file_info`).
+        lake.meta.execute("UPDATE ducklake_metadata SET value = '1.0' WHERE key = 'version'")
+        mirror = dm.Mirror(lake.mirror_catalog(), running.uri, connect_kwargs=running.auth)
+        with pytest.raises(dm.MirrorError, match=r"DuckLake catalog version 1\.0;.* 0\.3"):
+            mirror.sync()
+        with pytest.raises(dm.MirrorError, match=r"version 1\.0"):
+            mirror.plan()
         with moraine(running.uri, running.checks) as conn:
             for table in TABLES:
-                cols = ", ".join(column_names(table))
-                assert_same_rows(rows_of(fetch(conn, f"SELECT {cols} FROM {table}")),
-                                 meta.execute(f"SELECT {cols} FROM {table}").fetchall(), table)
-            assert_mapping_load(fetch(conn, MAPPING_LOAD),
-                                [tuple(r) for r in meta.execute(MAPPING_LOAD).fetchall()],
-                                "mapping load after the command line")
+                assert fetch(conn, f"SELECT count(*) AS n FROM {table}").column(0)[0].as_py() \
+                    == 0, f"{table} got rows from a refused catalog"
     finally:
-        meta.close()
-
-    bad = subprocess.run(base[:3] + [str(root / "missing.ducklake"), "--moraine", running.uri],
-                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert bad.returncode == 1 and "no DuckLake catalog file" in bad.stderr, bad
+        lake.close()
