@@ -60,7 +60,10 @@ the way DuckLake's own reader finds what is new:
   reads only the mappings and data files at or above it (`WHERE mapping_id >= cursor`, the form
   of DuckLake's lazy mapping load). Its snapshot cursor is the largest snapshot moraine's
   data-file rows mention; data files whose `end_snapshot` is above it are new retirements.
-  Both cursors live in moraine itself, so there is no local state to lose.
+  Both cursors live in moraine itself, so there is no local state to lose; moraine gives them
+  with the row counts of its two tables in two aggregate rows. A sync reads what changed since
+  the last one, not the catalog: of moraine only those counts and cursors, the held files the
+  catalog retired since, and the live files of tables it dropped since.
 * Commits. A data file belongs to the commit of its `begin_snapshot`; a retirement to the
   commit of its `end_snapshot`; a mapping to the first snapshot whose `next_file_id` is above
   its id (where DuckLake drew it), or the first commit of a file that uses it if that is
@@ -72,8 +75,10 @@ the way DuckLake's own reader finds what is new:
   when the commit dropped a table and retires every live file of it (DuckLake's DROP TABLE),
   else the same with `data_file_id IN (...)`.
 * Removals. Rows DuckLake physically deleted (compaction, `ducklake_expire_snapshots`, newer
-  DuckLake's mapping cleanup) leave no trace but their absence, and expiry writes no snapshot:
-  the mirror compares the ids moraine holds with the ids the catalog holds and stages
+  DuckLake's mapping cleanup) leave no trace but their absence, and expiry writes no snapshot.
+  DuckLake never adds a row below the file cursor (it draws every id when it commits), so the
+  catalog's row counts below the cursor equal moraine's unless something was removed; only
+  then does the mirror compare every id moraine holds with every id the catalog holds, and stage
   `DELETE FROM ducklake_data_file WHERE data_file_id IN (...)`, then for tables whose mappings
   are gone `DELETE FROM ducklake_column_mapping WHERE table_id IN (...)` followed by DuckLake's
   orphan sweep of `ducklake_name_mapping`. They open the sync's last transaction, or make one
@@ -84,7 +89,10 @@ the way DuckLake's own reader finds what is new:
   nothing; a mirror interrupted between commits resumes at the next one. A commit the server
   refuses is re-planned from a fresh read (a bounded number of times): if another mirror
   staged it meanwhile it simply drops out of the plan, a write conflict is retried, and any
-  other refusal of the same commit is raised.
+  other refusal of the same commit is raised. Each attempt opens a new moraine connection:
+  after a refused commit the ADBC driver has no transaction left on the old one. `--watch`
+  outlives a sync that fails this way and tries again at its next interval; only a
+  `MirrorError` (a catalog it cannot mirror faithfully) stops it.
 * Checks. Affected-row counts of every retirement and delete are compared with what the plan
   expects, and a catalog that changes rows in ways DuckLake never does (a retired file revived,
   part of a table's mappings deleted) stops the mirror with a `MirrorError` rather than a guess.
@@ -106,7 +114,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import pyarrow as pa
 
@@ -181,16 +189,46 @@ class MirrorError(Exception):
 
 
 @dataclass
+class Held:
+    """What moraine holds, summed up by one aggregate per table: the counts, and the
+    cursors a sync starts from."""
+
+    mappings: int  # ducklake_column_mapping rows
+    files: int  # ducklake_data_file rows
+    file_cursor: int  # one past the largest mapping or data-file id (ids share next_file_id)
+    snapshot_cursor: int  # the largest snapshot any data-file row mentions, -1 for none
+
+    @classmethod
+    def read(cls, conn) -> "Held":
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*), max(mapping_id) FROM ducklake_column_mapping")
+            mappings, max_mapping = cur.fetchone()
+            cur.execute("SELECT count(*), max(data_file_id), max(begin_snapshot), "
+                        "max(end_snapshot) FROM ducklake_data_file")
+            files, max_file, max_begin, max_end = cur.fetchone()
+        ids = [i for i in (max_mapping, max_file) if i is not None]
+        snaps = [s for s in (max_begin, max_end) if s is not None]
+        return cls(mappings, files, max(ids) + 1 if ids else 0, max(snaps) if snaps else -1)
+
+
+@dataclass
 class CatalogRead:
     """What one read of the DuckLake catalog returns (one read transaction)."""
 
     snapshots: List[Tuple[int, int]]  # (snapshot_id, next_file_id), ascending
-    mapping_tables: Dict[int, int]  # every mapping_id in the catalog -> its table_id
-    file_ids: Set[int]  # every data_file_id in the catalog
+    # Every mapping_id in the catalog -> its table_id, and every data_file_id; read only when
+    # the catalog's count of rows below the file cursor differs from moraine's (something
+    # was removed), else None: nothing was.
+    mapping_tables: Optional[Dict[int, int]]
+    file_ids: Optional[Set[int]]
     mappings: List[Row]  # ducklake_column_mapping rows with mapping_id >= the file cursor
     names: List[Row]  # their ducklake_name_mapping rows
     files: List[Row]  # data files with id >= the file cursor or end_snapshot > snapshot cursor
-    dropped_tables: Dict[int, int]  # table_id -> the snapshot that dropped it
+    dropped_tables: Dict[int, int]  # table_id -> the snapshot after the cursor that dropped it
+
+    @property
+    def removed_some(self) -> bool:
+        return self.mapping_tables is not None
 
 
 # The DuckLake catalog versions whose three tables moraine serves (DuckLake 0.3's shape:
@@ -211,20 +249,34 @@ class Catalog:
     def _table(self, name: str) -> str:
         return name
 
-    def read(self, file_cursor: int, snapshot_cursor: int) -> CatalogRead:
+    def read(self, held: Held) -> CatalogRead:
+        """What changed since what moraine holds (`held`): the rows at or above its file
+        cursor, the files retired after its snapshot cursor, and (only when the counts below
+        the cursor say something was removed) every id, to find what.
+
+        DuckLake draws every id from its snapshot's `next_file_id` when it commits, so rows
+        below the cursor are only ever removed, never added: equal counts mean nothing was."""
         t = self._table
         cols = lambda table: ", ".join(column_names(table))  # noqa: E731
+        file_cursor, snapshot_cursor = held.file_cursor, held.snapshot_cursor
         with self._transaction() as q:
             versions = [v for (v,) in q(
                 f"SELECT value FROM {t('ducklake_metadata')} WHERE key = 'version'")]
             check_version(versions)
             snapshots = [tuple(r) for r in q(
                 f"SELECT snapshot_id, next_file_id FROM {t('ducklake_snapshot')} "
-                "ORDER BY snapshot_id")]
-            mapping_tables = {m: tb for m, tb in q(
-                f"SELECT mapping_id, table_id FROM {t(COLUMN_MAPPING)} "
-                "WHERE mapping_id IS NOT NULL")}
-            file_ids = {r[0] for r in q(f"SELECT data_file_id FROM {t(DATA_FILE)}")}
+                "WHERE next_file_id > ? ORDER BY snapshot_id", [file_cursor])]
+            (mappings_below,), = q(f"SELECT count(*) FROM {t(COLUMN_MAPPING)} "
+                                   "WHERE mapping_id < ?", [file_cursor])
+            (files_below,), = q(f"SELECT count(*) FROM {t(DATA_FILE)} "
+                                "WHERE data_file_id < ?", [file_cursor])
+            mapping_tables: Optional[Dict[int, int]] = None
+            file_ids: Optional[Set[int]] = None
+            if (mappings_below, files_below) != (held.mappings, held.files):
+                mapping_tables = {m: tb for m, tb in q(
+                    f"SELECT mapping_id, table_id FROM {t(COLUMN_MAPPING)} "
+                    "WHERE mapping_id IS NOT NULL")}
+                file_ids = {r[0] for r in q(f"SELECT data_file_id FROM {t(DATA_FILE)}")}
             mappings = [tuple(r) for r in q(
                 f"SELECT {cols(COLUMN_MAPPING)} FROM {t(COLUMN_MAPPING)} "
                 "WHERE mapping_id >= ? ORDER BY mapping_id", [file_cursor])]
@@ -237,7 +289,7 @@ class Catalog:
                 [file_cursor, snapshot_cursor])]
             dropped = {tb: s for tb, s in q(
                 f"SELECT table_id, end_snapshot FROM {t('ducklake_table')} "
-                "WHERE end_snapshot IS NOT NULL")}
+                "WHERE end_snapshot > ?", [snapshot_cursor])}
         return CatalogRead(snapshots, mapping_tables, file_ids, mappings, names, files, dropped)
 
 
@@ -362,7 +414,7 @@ def open_catalog(spec: str) -> Catalog:
 
 @dataclass
 class MoraineState:
-    """The ids moraine holds: what the plan is filtered against."""
+    """What moraine holds of the rows a plan touches: what it is filtered against."""
 
     mappings: Dict[int, int] = field(default_factory=dict)  # mapping_id -> table_id
     # data_file_id -> (table_id, begin_snapshot, end_snapshot)
@@ -371,23 +423,51 @@ class MoraineState:
 
     @classmethod
     def read(cls, conn) -> "MoraineState":
+        """Everything: every mapping and every data file (to find what the catalog removed)."""
         with conn.cursor() as cur:
             cur.execute("SELECT mapping_id, table_id FROM ducklake_column_mapping")
             mappings = {m: t for m, t in cur.fetchall()}
-            cur.execute(
-                "SELECT data_file_id, table_id, begin_snapshot, end_snapshot FROM ducklake_data_file")
+            cur.execute(f"SELECT {_FILE_STATE} FROM ducklake_data_file")
             files = {f: (t, b, e) for f, t, b, e in cur.fetchall()}
         return cls(mappings, files)
 
-    def file_cursor(self) -> int:
-        """One past the largest mapping or data-file id held (ids share next_file_id)."""
-        ids = [i for i in list(self.mappings) + list(self.files) if i is not None]
-        return max(ids) + 1 if ids else 0
+    @classmethod
+    def read_for(cls, conn, catalog: CatalogRead, held: Held) -> "MoraineState":
+        """What `plan` needs of moraine for `catalog`: all of it when the catalog removed
+        something; else only the held files the catalog retired since the snapshot cursor,
+        and the live files of the tables it dropped since (their retirement's shape depends
+        on them). Rows at or above the file cursor moraine does not hold, by definition."""
+        if catalog.removed_some:
+            return cls.read(conn)
+        files: Dict[int, Tuple[Optional[int], Optional[int], Optional[int]]] = {}
+        with conn.cursor() as cur:
+            retired = [r[0] for r in catalog.files if r[0] < held.file_cursor]
+            for where in _in_lists("data_file_id", retired):
+                cur.execute(f"SELECT {_FILE_STATE} FROM ducklake_data_file WHERE {where}")
+                files.update({f: (t, b, e) for f, t, b, e in cur.fetchall()})
+            for where in _in_lists("table_id", sorted(catalog.dropped_tables)):
+                cur.execute(f"SELECT {_FILE_STATE} FROM ducklake_data_file "
+                            f"WHERE end_snapshot IS NULL AND {where}")
+                files.update({f: (t, b, e) for f, t, b, e in cur.fetchall()})
+        return cls({}, files)
 
-    def snapshot_cursor(self) -> int:
-        """The largest snapshot any held data-file row mentions."""
-        snaps = [s for _, b, e in self.files.values() for s in (b, e) if s is not None]
-        return max(snaps) if snaps else -1
+
+_FILE_STATE = "data_file_id, table_id, begin_snapshot, end_snapshot"
+# Ids per `IN (...)` list of the mirror's own reads, well inside the server's SQL limits.
+_IN_LIST = 1000
+
+
+def _in_lists(column: str, ids: Sequence[int]) -> Iterator[str]:
+    for i in range(0, len(ids), _IN_LIST):
+        yield f"{column} IN ({_ids(ids[i:i + _IN_LIST])})"
+
+
+def plan_sync(conn, catalog: "Catalog") -> List[StagedCommit]:
+    """The moraine transactions that bring what `conn` reads of moraine to `catalog`, from
+    one read of each that costs in proportion to what changed since the last sync."""
+    held = Held.read(conn)
+    read = catalog.read(held)
+    return plan(read, MoraineState.read_for(conn, read, held))
 
 
 @dataclass
@@ -521,6 +601,9 @@ def plan(catalog: CatalogRead, state: MoraineState) -> List[StagedCommit]:
                                             len(per_file)))
 
     # Removals: what moraine holds and the catalog no longer does.
+    out = [commits[s] for s in sorted(commits) if not commits[s].is_empty()]
+    if catalog.mapping_tables is None or catalog.file_ids is None:
+        return out  # the counts say nothing was removed
     gone_files = sorted(f for f in state.files if f not in catalog.file_ids)
     gone_maps = {m: t for m, t in state.mappings.items() if m not in catalog.mapping_tables}
     gone_tables = sorted({t for t in gone_maps.values()}, key=lambda t: (t is None, t or 0))
@@ -531,7 +614,6 @@ def plan(catalog: CatalogRead, state: MoraineState) -> List[StagedCommit]:
                 f"the catalog deleted some mappings of table {table_id} and kept {kept}; "
                 "DuckLake only deletes all mappings of a dropped table")
     deleted_mappings = sum(1 for t in state.mappings.values() if t in set(gone_tables))
-    out = [commits[s] for s in sorted(commits) if not commits[s].is_empty()]
     if gone_files or gone_tables:
         carrier = out[-1] if out else StagedCommit(None)
         carrier.delete_files = gone_files
@@ -649,13 +731,13 @@ class Mirror:
         """What `sync()` would stage now, without staging it."""
         conn = connect(self.uri, **self.connect_kwargs)
         try:
-            state = MoraineState.read(conn)
-            return plan(self.catalog.read(state.file_cursor(), state.snapshot_cursor()), state)
+            return plan_sync(conn, self.catalog)
         finally:
             conn.close()
 
-    def sync(self) -> SyncResult:
-        """Stages every DuckLake commit moraine does not hold yet, one transaction each.
+    def sync(self, on_staged: Optional[Callable[[StagedCommit], None]] = None) -> SyncResult:
+        """Stages every DuckLake commit moraine does not hold yet, one transaction each,
+        calling `on_staged` after each commit.
 
         Raises `MirrorError` for a catalog it cannot mirror faithfully, the DB-API's errors
         for what the server refuses. A commit that fails is re-planned from a fresh read of
@@ -666,9 +748,7 @@ class Mirror:
         for attempt in range(1, self.max_attempts + 1):
             conn = connect(self.uri, **self.connect_kwargs)
             try:
-                state = MoraineState.read(conn)
-                commits = plan(self.catalog.read(state.file_cursor(), state.snapshot_cursor()),
-                               state)
+                commits = plan_sync(conn, self.catalog)
                 if (failed is not None and commits and commits[0] == failed[0]
                         and not _is_conflict(failed[1])):
                     raise failed[1]
@@ -682,6 +762,8 @@ class Mirror:
                         break
                     LOG.info("staged %s", c.describe())
                     done.append(c)
+                    if on_staged is not None:
+                        on_staged(c)
                 else:
                     return SyncResult(done, attempt)
             finally:
@@ -733,17 +815,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         auth = credentials(token=os.environ.get("MORAINE_TOKEN") or None)
     try:
         mirror = Mirror(open_catalog(args.catalog), args.moraine, connect_kwargs=auth)
+        if args.dry_run:
+            for c in mirror.plan():
+                print(f"would stage {c.describe()}", flush=True)
+            return 0
+        on_staged = lambda c: print(f"staged {c.describe()}", flush=True)  # noqa: E731
         while True:
-            if args.dry_run:
-                for c in mirror.plan():
-                    print(f"would stage {c.describe()}")
+            try:
+                result = mirror.sync(on_staged=on_staged)
+            except MirrorError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a watcher outlives a failed sync
+                if not args.watch:
+                    raise
+                print(f"warning: this sync failed, the next in {args.watch} s: {err}",
+                      file=sys.stderr, flush=True)
             else:
-                result = mirror.sync()
-                for c in result.commits:
-                    print(f"staged {c.describe()}")
                 if not result.commits and not args.watch:
-                    print("moraine is up to date")
-            if not args.watch or args.dry_run:
+                    print("moraine is up to date", flush=True)
+            if not args.watch:
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:

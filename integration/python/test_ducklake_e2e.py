@@ -29,8 +29,12 @@ import importlib.util
 import itertools
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -50,6 +54,8 @@ from conftest import (
     sort_key,
     sorted_rows,
 )
+
+from test_metrics import METRICS_ARGS, ROWS, metrics_url, scrape
 
 INTEGRATION = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(INTEGRATION))
@@ -142,6 +148,7 @@ class Lake:
                          f"(DATA_PATH {sql_text(str(root / 'data') + '/')})")
         self.meta = self.con.cursor()
         self.meta.execute(f"USE {self.meta_db}")
+        self.closed = False
 
     @property
     def catalog_spec(self) -> str:
@@ -186,6 +193,7 @@ class Lake:
     def close(self) -> None:
         self.meta.close()
         self.con.close()
+        self.closed = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,6 +282,7 @@ class Secured:
     uri: str
     auth: Dict[str, Any]  # dm.connect's keyword arguments: the mirror's user login
     token: str  # a pre-issued writer token
+    running: Any  # conftest's Running: the server process
 
     @property
     def checks(self) -> Dict[str, Any]:
@@ -281,19 +290,22 @@ class Secured:
         return dm.credentials(token=self.token)
 
 
-def start_secured(server_factory, root: Path, name: str) -> Secured:
+def start_secured(server_factory, root: Path, name: str,
+                  extra_args: Sequence[Any] = ()) -> Secured:
     """A server on an empty store with `--auth-file` listing the mirror's writer user and a
-    writer token. The server is checked to refuse a connection without credentials."""
+    writer token (and `extra_args`). The server is checked to refuse a connection without
+    credentials."""
     auth_file = root / "credentials"
     add_user(auth_file, MIRROR_USER, "writer", MIRROR_PASSWORD)
     token = create_token(auth_file, "mirror-token", "writer")
-    running = server_factory(name, empty_dump(root), extra_args=["--auth-file", auth_file])
+    running = server_factory(name, empty_dump(root),
+                             extra_args=["--auth-file", auth_file, *extra_args])
     with pytest.raises(flightsql.Error) as refused:
         with moraine(running.uri, {}) as conn:
             fetch(conn, "SELECT 1")
     assert "Unauthenticated" in str(refused.value), refused.value
     return Secured(running.uri, dm.credentials(username=MIRROR_USER, password=MIRROR_PASSWORD),
-                   token)
+                   token, running)
 
 
 def empty_dump(root: Path) -> Path:
@@ -826,8 +838,7 @@ def test_catch_up_and_resume(request, server_factory, tmp_path_factory, backend)
 
         # Interrupted: only the first two DuckLake commits reach moraine.
         with moraine(running.uri, running.auth) as conn:
-            state = dm.MoraineState.read(conn)
-            planned = dm.plan(h.catalog.read(state.file_cursor(), state.snapshot_cursor()), state)
+            planned = dm.plan_sync(conn, h.catalog)
             assert [c.snapshot_id for c in planned] == commits
             for c in planned[:2]:
                 dm.apply(conn, c)
@@ -904,13 +915,7 @@ def test_command_line(request, server_factory, tmp_path_factory, backend):
     assert run(*login, env={"MORAINE_PASSWORD": MIRROR_PASSWORD}).strip() == \
         "moraine is up to date"
 
-    with catalog_query(lake) as meta, moraine(running.uri, running.checks) as conn:
-        for table in TABLES:
-            cols = ", ".join(column_names(table))
-            assert_same_rows(rows_of(fetch(conn, f"SELECT {cols} FROM {table}")),
-                             meta(f"SELECT {cols} FROM {table}"), table)
-        assert_mapping_load(fetch(conn, MAPPING_LOAD), meta(MAPPING_LOAD),
-                            "mapping load after the command line")
+    assert_mirrored(lake, running, "after the command line")
 
     if backend == "postgres":
         missing, complaint = (f"postgres:host=127.0.0.1 port={free_port()} dbname=none "
@@ -923,11 +928,25 @@ def test_command_line(request, server_factory, tmp_path_factory, backend):
     assert bad.returncode == 1 and complaint in bad.stderr, bad
 
 
+def assert_mirrored(lake: Lake, running: Secured, when: str) -> None:
+    """moraine's three tables and DuckLake's mapping load on it equal the catalog's."""
+    with catalog_query(lake) as meta, moraine(running.uri, running.checks) as conn:
+        for table in TABLES:
+            cols = ", ".join(column_names(table))
+            assert_same_rows(rows_of(fetch(conn, f"SELECT {cols} FROM {table}")),
+                             meta(f"SELECT {cols} FROM {table}"), f"{table} {when}")
+        assert_mapping_load(fetch(conn, MAPPING_LOAD), meta(MAPPING_LOAD),
+                            f"mapping load {when}")
+
+
 @contextlib.contextmanager
 def catalog_query(lake: Lake) -> Iterator[Any]:
-    """A function running SQL on the (closed) lake's catalog tables, by the catalog's own
-    engine: PostgreSQL through its ADBC driver, or DuckDB on the file, read-only."""
-    if lake.postgres is not None:
+    """A function running SQL on the lake's catalog tables, by the catalog's own engine:
+    PostgreSQL through its ADBC driver, or DuckDB (the lake's own connection while it is
+    open, the file read-only once it is closed)."""
+    if lake.postgres is None and not lake.closed:
+        yield lake.catalog
+    elif lake.postgres is not None:
         import adbc_driver_postgresql.dbapi as pg
 
         with pg.connect(lake.postgres, autocommit=True) as conn, conn.cursor() as cur:
@@ -966,5 +985,166 @@ def test_other_catalog_version_refused(request, server_factory, tmp_path_factory
             for table in TABLES:
                 assert fetch(conn, f"SELECT count(*) AS n FROM {table}").column(0)[0].as_py() \
                     == 0, f"{table} got rows from a refused catalog"
+    finally:
+        lake.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Tailing: a sync costs what changed; `--watch` keeps up with a busy writer; a killed mirror
+# resumes.
+
+
+def write_commits(lake: Lake, count: int) -> List[int]:
+    """`count` DuckLake commits to a new table `w`, each changing `ducklake_data_file`: most
+    INSERT one row (one data file of DuckLake's own), every 10th registers a foreign file,
+    every 25th deletes the only row of an earlier INSERT (retiring its file). Returns the
+    commits' snapshot ids, in order."""
+    lake.sql("CREATE TABLE lake.w(id INTEGER, v VARCHAR)")
+    snapshots, inserted = [], []
+    for i in range(count):
+        if i % 10 == 9:
+            path = lake.write_parquet(f"SELECT {i}::INTEGER id, 'foreign' v", f"w/f{i}.parquet")
+            lake.add_files("w", path)
+        elif i % 25 == 24 and inserted:
+            lake.sql(f"DELETE FROM lake.w WHERE id = {inserted.pop(0)}")
+        else:
+            lake.sql(f"INSERT INTO lake.w VALUES ({i}, 'row {i}')")
+            inserted.append(i)
+        snapshots.append(lake.snapshot()[0])
+    return snapshots
+
+
+class MirrorProcess:
+    """The mirror's command line on `lake`'s catalog, authenticated by the server's token,
+    its stdout read line by line as it comes."""
+
+    def __init__(self, lake: Lake, running: Secured, *extra: str):
+        env = {k: v for k, v in os.environ.items() if k != "MORAINE_PASSWORD"}
+        env["MORAINE_TOKEN"] = running.token
+        self.proc = subprocess.Popen(
+            [sys.executable, str(INTEGRATION / "ducklake_mirror.py"), "--catalog",
+             lake.catalog_spec, "--moraine", running.uri, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.DEVNULL)
+        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.seen: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for(self, prefix: str, timeout: float) -> None:
+        """Until a line starting with `prefix` is printed; fails if the process ends or
+        `timeout` passes first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no `{prefix}` line in {timeout} s; printed so far: {self.seen}",
+                            pytrace=False)
+            if line is None:
+                pytest.fail(f"the mirror exited ({self.proc.wait()}) before `{prefix}`: "
+                            f"{self.seen}\n{self.proc.stderr.read()}", pytrace=False)
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return
+
+    def finish(self) -> Tuple[int, str]:
+        """Its exit code and stderr, once it ends; every stdout line is in `seen`."""
+        code = self.proc.wait(timeout=60)
+        self._reader.join(timeout=60)
+        while True:
+            line = self.lines.get_nowait() if not self.lines.empty() else None
+            if line is None:
+                break
+            self.seen.append(line)
+        return code, self.proc.stderr.read()
+
+    def staged(self) -> List[int]:
+        """The snapshots of its `staged snapshot N: ...` lines, in the order printed."""
+        return [int(line.split()[2].rstrip(":")) for line in self.seen
+                if line.startswith("staged snapshot ")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sync_reads_only_what_changed(request, server_factory, tmp_path_factory, backend):
+    """A sync after one more DuckLake commit reads a few aggregate rows of moraine, not the
+    ids of everything it holds (the server's own count of rows it streamed says so)."""
+    root = tmp_path_factory.mktemp(f"ducklake-incremental-{backend}")
+    running = start_secured(server_factory, root, f"ducklake-incremental-{backend}",
+                            METRICS_ARGS)
+    lake = make_lake(request, root, backend)
+    try:
+        held = 200
+        lake.sql("CREATE TABLE lake.w(id INTEGER, v VARCHAR)")
+        for i in range(held):
+            lake.write_parquet(f"SELECT {i}::INTEGER id, 'v' v", f"w/f{i:03}.parquet")
+        lake.add_files("w", root / "w" / "*.parquet")
+        mirror = dm.Mirror(lake.mirror_catalog(), running.uri, connect_kwargs=running.checks)
+        (first,) = mirror.sync().commits
+        assert len(first.files) == held, first.describe()
+        url = metrics_url(running.running)
+        before = scrape(url).scalar(ROWS)
+        lake.sql("INSERT INTO lake.w VALUES (1000, 'new')")
+        assert [c.snapshot_id for c in mirror.sync().commits] == [lake.snapshot()[0]]
+        streamed = scrape(url).scalar(ROWS) - before
+        assert streamed < 10, (
+            f"the sync after one commit streamed {streamed} rows from moraine, which holds "
+            f"{held} data files: it read what moraine holds, not what changed")
+        assert_mirrored(lake, running, "after the incremental sync")
+    finally:
+        lake.close()
+
+
+def test_watch_follows_a_busy_writer(request, server_factory, tmp_path_factory):
+    """`--watch` on a PostgreSQL catalog while DuckLake commits 200 snapshots: each is
+    staged once, in order, and moraine ends equal to the catalog."""
+    root = tmp_path_factory.mktemp("ducklake-watch")
+    running = start_secured(server_factory, root, "ducklake-watch")
+    lake = make_lake(request, root, "postgres")
+    try:
+        watcher = MirrorProcess(lake, running, "--watch", "0.05")
+        snapshots = write_commits(lake, 200)
+        watcher.wait_for(f"staged snapshot {snapshots[-1]}:", timeout=90)
+        watcher.proc.send_signal(signal.SIGINT)
+        code, err = watcher.finish()
+        assert code == 0 and "error" not in err, (code, err)
+        staged = watcher.staged()
+        assert staged == snapshots, (
+            f"staged {len(staged)} snapshots for {len(snapshots)} commits; missing "
+            f"{sorted(set(snapshots) - set(staged))}, twice "
+            f"{sorted(s for s, n in collections.Counter(staged).items() if n > 1)}, "
+            f"in order: {staged == sorted(staged)}")
+        assert_mirrored(lake, running, "after watching the writer")
+    finally:
+        lake.close()
+
+
+def test_killed_mirror_resumes(request, server_factory, tmp_path_factory):
+    """A mirror killed (SIGKILL) while it stages 60 DuckLake commits, run again: it stages
+    exactly the commits moraine did not get, and moraine ends equal to the catalog."""
+    root = tmp_path_factory.mktemp("ducklake-killed")
+    running = start_secured(server_factory, root, "ducklake-killed")
+    lake = make_lake(request, root, "postgres")
+    try:
+        snapshots = write_commits(lake, 60)
+        first = MirrorProcess(lake, running)
+        first.wait_for("staged snapshot ", timeout=60)
+        first.proc.kill()
+        first.finish()
+        with moraine(running.uri, running.checks) as conn:
+            held = dm.Held.read(conn)
+        assert snapshots[0] <= held.snapshot_cursor < snapshots[-1], (
+            f"moraine holds up to snapshot {held.snapshot_cursor} of "
+            f"{snapshots[0]}..{snapshots[-1]}: the mirror was not killed mid-run")
+        again = MirrorProcess(lake, running)
+        code, err = again.finish()
+        assert code == 0, (code, err)
+        assert again.staged() == [s for s in snapshots if s > held.snapshot_cursor], again.seen
+        assert_mirrored(lake, running, "after the resumed run")
     finally:
         lake.close()
