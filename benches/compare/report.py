@@ -243,6 +243,16 @@ def legend(record: Dict[str, Any]) -> List[str]:
         parts = [f"{LABELS[k]} {v:.2f}×" for k, v in scaling.items()]
         writers = workloads.get("W5c", {}).get("writers")
         out += ["", f"W5c/W5p ({writers} writers over 1, commits/s): " + ", ".join(parts) + "."]
+    bounds = []
+    for key in ("L", "W5b"):
+        payload = workloads.get(key, {}).get("payload_bytes")
+        peak = workloads.get(key, {}).get("targets", {}).get("moraine", {}).get("peak_rss_bytes")
+        if payload and peak:
+            bounds.append(f"{key} {fmt_bytes(payload)}, moraine's peak RSS {peak / payload:.2f}× "
+                          "it")
+    if bounds:
+        out += ["", "Payload (the Arrow size of the rows a unit writes): " + "; ".join(bounds)
+                + "."]
     final = record.get("moraine_final_rss_bytes")
     if final and final.get("VmRSS"):
         out += ["", f"moraine's RSS at the end of the run: {fmt_bytes(final['VmRSS'])} "

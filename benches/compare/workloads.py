@@ -171,9 +171,10 @@ class Load(Workload):
         self.catalog = catalog
         self.tables = tables  # [(name, chunked table)], DuckLake's insert order
         self.rows = catalog.rows
+        self.payload_bytes = payload_bytes(tables)
 
     def describe(self):
-        return {"title": self.title, "rows": self.rows,
+        return {"title": self.title, "rows": self.rows, "payload_bytes": self.payload_bytes,
                 "how": "adbc_ingest(mode='append') into ducklake_column_mapping, "
                        "ducklake_name_mapping, ducklake_data_file, then commit; a fresh "
                        "empty target each round (not timed)"}
@@ -185,6 +186,12 @@ class Load(Workload):
         target.loaded = False
         target.reset_empty()
         return load_catalog(target, self.tables, self.rows)
+
+
+def payload_bytes(tables) -> int:
+    """The Arrow size of the rows a unit writes (`[(name, table)]`): what the issue's memory
+bound for L and W5b is a multiple of."""
+    return sum(table.nbytes for _, table in tables)
 
 
 def load_catalog(target: Target, tables, rows: int) -> Sample:
@@ -338,9 +345,11 @@ class BulkCommit(Workload):
         self.mappings = mappings
         self.title = (f"one transaction of {mappings:,} new mappings (about 10 name rows and "
                       "1 data file each) on the loaded catalog")
+        self.payload_bytes = 0  # the largest round's
 
     def describe(self):
         return {"title": self.title, "mappings": self.mappings,
+                "payload_bytes": self.payload_bytes,
                 "how": "adbc_ingest x3 then commit; new ids each round"}
 
     def label(self) -> str:
@@ -350,7 +359,9 @@ class BulkCommit(Workload):
         batch = self.catalog.new_batch(f"{self.key}:{round_index}", self.mappings,
                                        range(8, 13))
         self.catalog.advance(batch)
-        return batch, [(name, chunked(table)) for name, table in batch.tables()]
+        tables = [(name, chunked(table)) for name, table in batch.tables()]
+        self.payload_bytes = max(self.payload_bytes, payload_bytes(tables))
+        return batch, tables
 
     def run(self, target: Target, data) -> Sample:
         batch, tables = data
