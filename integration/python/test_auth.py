@@ -721,6 +721,39 @@ def test_changing_a_users_role_ends_its_sessions(reloading):
         assert_permission_denied(e.value, caller, "BeginTransaction after the demotion")
 
 
+def test_connections_sharing_a_token_have_their_own_transactions(writable, creds, ids):
+    """Two ADBC connections with one pre-issued token (two mirrors, a loader and a notebook):
+    each untagged ingest joins the transaction its own connection began, neither sees the
+    other's rows, one closing (CloseSession) leaves the other's transaction open, and the
+    commit holds exactly its own connection's rows."""
+    caller = creds.caller("writer", "token")
+    before = committed_state(writable.uri, creds)
+    first = adbc_connect(writable.uri, caller.db_kwargs(), autocommit=False)
+    second = adbc_connect(writable.uri, caller.db_kwargs(), autocommit=False)
+    try:
+        mine, theirs = (flat_mapping(ids.file(), ids.table(), 2) for _ in range(2))
+        for conn, m in ((first, mine), (second, theirs)):
+            with conn.cursor() as cur:
+                cur.adbc_ingest(COLUMN_MAPPING, arrow_rows(COLUMN_MAPPING, [m.column_row]),
+                                mode="append")
+                cur.adbc_ingest(NAME_MAPPING, arrow_rows(NAME_MAPPING, m.name_rows),
+                                mode="append")
+        for conn, m, other in ((first, mine, theirs), (second, theirs, mine)):
+            seen = scalar(conn, "SELECT count(*) FROM ducklake_column_mapping "
+                                f"WHERE mapping_id IN ({m.mapping_id}, {other.mapping_id})")
+            own = scalar(conn, "SELECT count(*) FROM ducklake_column_mapping "
+                               f"WHERE mapping_id = {m.mapping_id}")
+            assert (seen, own) == (1, 1), (
+                f"a connection's transaction holds {seen} of the two connections' mappings "
+                f"({own} its own): an untagged ingest joined the other connection's")
+        second.close()  # CloseSession: only the second connection's session ends
+        first.commit()
+    finally:
+        first.close()
+    assert_state(committed_state(writable.uri, creds), mine.added_to(before),
+                 "the first connection's commit")
+
+
 # --------------------------------------------------------------------------------------------
 # 4b. Token management by an admin over Flight (CreateToken, ListTokens, RevokeToken).
 

@@ -1148,3 +1148,42 @@ def test_killed_mirror_resumes(request, server_factory, tmp_path_factory):
         assert_mirrored(lake, running, "after the resumed run")
     finally:
         lake.close()
+
+
+def test_racing_mirrors_stage_each_commit_once(request, server_factory, tmp_path_factory):
+    """Two mirrors of one PostgreSQL catalog syncing at the same time into one server: a
+    commit the other mirror staged first is refused or conflicts, is re-planned on a new
+    connection and drops out, so every DuckLake commit is staged by exactly one of them."""
+    root = tmp_path_factory.mktemp("ducklake-race")
+    running = start_secured(server_factory, root, "ducklake-race")
+    lake = make_lake(request, root, "postgres")
+    try:
+        snapshots = write_commits(lake, 60)
+        staged: Dict[str, List[int]] = {"a": [], "b": []}
+        errors: List[BaseException] = []
+        start = threading.Barrier(2)
+
+        def run(name: str) -> None:
+            mirror = dm.Mirror(lake.mirror_catalog(), running.uri, max_attempts=200,
+                               connect_kwargs=running.checks)
+            try:
+                start.wait(timeout=30)
+                mirror.sync(on_staged=lambda c: staged[name].append(c.snapshot_id))
+            except BaseException as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in staged]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in threads), "a mirror did not finish"
+        assert not errors, errors
+        both = staged["a"] + staged["b"]
+        assert sorted(both) == snapshots, (
+            f"staged twice: {sorted(set(staged['a']) & set(staged['b']))}; missing: "
+            f"{sorted(set(snapshots) - set(both))}")
+        assert all(s == sorted(s) for s in staged.values()), staged
+        assert_mirrored(lake, running, "after two racing mirrors")
+    finally:
+        lake.close()

@@ -171,19 +171,23 @@ impl Authenticator {
         }
     }
 
-    /// Ends the session named by the bearer token in `authorization`, if any
-    /// (`CloseSession`).
-    pub fn close_session(&self, authorization: Option<&str>) {
-        if let Some(Credential::Bearer(token)) = authorization.and_then(|v| parse(v).ok())
-            && let Some(id) = self.sessions.close(&token)
-        {
+    /// Ends the session `id` (`CloseSession`), and only it: another connection of the same
+    /// pre-issued token keeps its own.
+    pub fn close_session(&self, id: &str) {
+        if let Some(id) = self.sessions.close_id(id) {
             self.ended(&[id]);
         }
     }
 
-    /// Finds the caller of a call whose `authorization` header is as given. On an
+    /// Finds the caller of a call whose `authorization` header is as given, made on
+    /// `connection` (its peer and local address, where the transport says). On an
     /// unauthenticated server, a call without a token opens a session when `opens_session`
     /// (the calls a client makes first and replays the answer's header from).
+    ///
+    /// A pre-issued token is a session per connection: clients that share one token (two
+    /// mirrors, a loader and a notebook) each get their own, so that an untagged ingest joins
+    /// the transaction its own connection began, and one client's `CloseSession` ends only
+    /// its own session.
     ///
     /// # Errors
     /// [`Error::Unauthenticated`] for missing, malformed or wrong credentials;
@@ -192,6 +196,7 @@ impl Authenticator {
         &self,
         authorization: Option<&str>,
         opens_session: bool,
+        connection: Option<&str>,
     ) -> Result<Admitted> {
         let credential = authorization.map(parse).transpose()?;
         let Some(credentials) = self.credentials() else {
@@ -208,12 +213,14 @@ impl Authenticator {
             Some(Credential::Bearer(token)) => {
                 if let Some((name, entry)) = credentials.token(&token, unix_now()) {
                     // The caller holds the token: the session is its own from the first call.
-                    let session = match self.sessions.resolve(&token) {
+                    // Named by the token and the connection (a header cannot hold a newline).
+                    let key = connection.map_or_else(|| token.clone(), |c| format!("{token}\n{c}"));
+                    let session = match self.sessions.resolve(&key) {
                         Some(session) => session,
                         None => Session {
                             established: true,
                             ..self.sessions.open(
-                                &token,
+                                &key,
                                 Origin::Token(name.to_owned()),
                                 entry.role,
                             )?
@@ -225,11 +232,13 @@ impl Authenticator {
                     });
                 }
                 let listed = super::token_digest(&token);
-                if credentials.tokens.values().any(|t| t.digest == listed) {
-                    // A listed token that has expired: its session, if any, ends too.
-                    if let Some(id) = self.sessions.close(&token) {
-                        self.ended(&[id]);
-                    }
+                if let Some((name, _)) = credentials.tokens.iter().find(|(_, t)| t.digest == listed)
+                {
+                    // A listed token that has expired: its sessions (one per connection) end
+                    // too.
+                    let origin = Origin::Token(name.clone());
+                    let ended = self.sessions.retain(|o, _| *o != origin);
+                    self.ended(&ended);
                     return Err(Error::Unauthenticated {
                         reason: "the bearer token has expired",
                     });
@@ -398,6 +407,51 @@ mod tests {
         assert!(parse("Basic !!!").is_err());
         assert!(parse("Digest x").is_err());
         assert!(parse("Bearer").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_pre_issued_token_is_a_session_per_connection() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let file = dir.path().join("credentials");
+        let token = crate::auth::create_token(&file, "shared", crate::auth::Role::Writer, None)
+            .expect("a token");
+        let auth = Authenticator::from_file(file, SessionLimits::default()).expect("loads");
+        let header = format!("Bearer {token}");
+        let id = |admitted: Admitted| {
+            assert!(
+                admitted.issued.is_none(),
+                "the caller already holds its token"
+            );
+            admitted.session.id.expect("a session")
+        };
+        let admit = |connection: &'static str| {
+            let (auth, header) = (&auth, header.clone());
+            async move {
+                id(auth
+                    .admit(Some(&header), true, Some(connection))
+                    .await
+                    .expect("admitted"))
+            }
+        };
+        let first = admit("10.0.0.1:5000>10.0.0.2:50051").await;
+        let again = admit("10.0.0.1:5000>10.0.0.2:50051").await;
+        let second = admit("10.0.0.1:5001>10.0.0.2:50051").await;
+        assert_eq!(first, again, "one connection keeps its session");
+        assert_ne!(
+            first, second,
+            "two connections of one token share no session"
+        );
+        auth.close_session(&second);
+        assert_eq!(
+            admit("10.0.0.1:5000>10.0.0.2:50051").await,
+            first,
+            "closing one connection's session leaves the other's"
+        );
+        assert_ne!(
+            admit("10.0.0.1:5001>10.0.0.2:50051").await,
+            second,
+            "a closed session is not resumed"
+        );
     }
 
     #[test]

@@ -215,6 +215,16 @@ impl Sessions {
             .and_then(|live| live.session.id)
     }
 
+    /// Ends the session whose id is `id`; that id, if it was open.
+    pub fn close_id(&self, id: &str) -> Option<Arc<str>> {
+        let mut live = self.live();
+        let key = live
+            .iter()
+            .find(|(_, l)| l.session.id.as_deref() == Some(id))
+            .map(|(key, _)| *key)?;
+        live.remove(&key).and_then(|l| l.session.id)
+    }
+
     /// Ends every session whose origin `keep` no longer accepts with the role it has; the ids
     /// of those ended.
     pub fn retain(&self, keep: impl Fn(&Origin, Role) -> bool) -> Vec<Arc<str>> {

@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use tonic::codegen::Service;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::server::NamedService;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::status::to_status;
 use crate::auth::Authenticator;
@@ -49,6 +50,17 @@ fn authorization(headers: &HeaderMap) -> Result<Option<&str>> {
                 reason: "the authorization header is not ASCII",
             }),
     }
+}
+
+/// The connection a call came on, as its peer and local addresses (`None` where the
+/// transport does not say): a pre-issued token's session is one per connection.
+fn connection_of(extensions: &http::Extensions) -> Option<String> {
+    let tcp = extensions.get::<TcpConnectInfo>().cloned().or_else(|| {
+        extensions
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .map(|tls| tls.get_ref().clone())
+    })?;
+    Some(format!("{}>{}", tcp.remote_addr?, tcp.local_addr?))
 }
 
 /// The token the gate issued to the call, in its extensions: the Handshake answers with it.
@@ -102,8 +114,12 @@ where
             let command = Arc::new(crate::metrics::CallCommand::default());
             request.extensions_mut().insert(Arc::clone(&command));
             let opens_session = SESSION_OPENING.contains(&request.uri().path());
+            let connection = connection_of(request.extensions());
             let admitted = match authorization(request.headers()) {
-                Ok(header) => auth.admit(header, opens_session).await,
+                Ok(header) => {
+                    auth.admit(header, opens_session, connection.as_deref())
+                        .await
+                }
                 Err(err) => Err(err),
             };
             let admitted = match admitted {

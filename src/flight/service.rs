@@ -591,12 +591,7 @@ impl FlightSqlService for MoraineSqlService {
             // The session is over: its open transaction, if any, is rolled back.
             if let Some(session) = caller(&request)?.id() {
                 self.txns.close_session(session);
-                self.auth.close_session(
-                    request
-                        .metadata()
-                        .get("authorization")
-                        .and_then(|value| value.to_str().ok()),
-                );
+                self.auth.close_session(session);
             }
             // CloseSessionResult { status: CLOSED }.
             let closed = arrow_flight::Result {
