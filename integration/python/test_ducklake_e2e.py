@@ -425,6 +425,20 @@ def make_lake(request, root: Path, backend: str) -> Lake:
     return Lake(root)
 
 
+@contextlib.contextmanager
+def secured_lake(request, server_factory, tmp_path_factory, name: str, backend: str,
+                 extra_args: Sequence[Any] = ()) -> Iterator[Tuple[Path, Secured, Lake]]:
+    """A directory, a secured server on an empty store (`start_secured`) and a lake on
+    `backend` in that directory, closed at the end."""
+    root = tmp_path_factory.mktemp(name)
+    running = start_secured(server_factory, root, name, extra_args)
+    lake = make_lake(request, root, backend)
+    try:
+        yield root, running, lake
+    finally:
+        lake.close()
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def scenario(request, server_factory, tmp_path_factory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp(f"ducklake-e2e-{request.param}")
@@ -967,10 +981,8 @@ def catalog_query(lake: Lake) -> Iterator[Any]:
 def test_other_catalog_version_refused(request, server_factory, tmp_path_factory, backend):
     """A catalog of another DuckLake version (its tables have other columns) is refused,
     naming the version, and nothing reaches moraine."""
-    root = tmp_path_factory.mktemp(f"ducklake-version-{backend}")
-    running = start_secured(server_factory, root, f"ducklake-version-{backend}")
-    lake = make_lake(request, root, backend)
-    try:
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      f"ducklake-version-{backend}", backend) as (root, running, lake):
         lake.sql(T_DDL)
         lake.add_files("t", lake.write_parquet(full_layout(1), "v/part=a/v1.parquet"),
                        hive_partitioning=True)
@@ -985,8 +997,6 @@ def test_other_catalog_version_refused(request, server_factory, tmp_path_factory
             for table in TABLES:
                 assert fetch(conn, f"SELECT count(*) AS n FROM {table}").column(0)[0].as_py() \
                     == 0, f"{table} got rows from a refused catalog"
-    finally:
-        lake.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1074,11 +1084,9 @@ class MirrorProcess:
 def test_sync_reads_only_what_changed(request, server_factory, tmp_path_factory, backend):
     """A sync after one more DuckLake commit reads a few aggregate rows of moraine, not the
     ids of everything it holds (the server's own count of rows it streamed says so)."""
-    root = tmp_path_factory.mktemp(f"ducklake-incremental-{backend}")
-    running = start_secured(server_factory, root, f"ducklake-incremental-{backend}",
-                            METRICS_ARGS)
-    lake = make_lake(request, root, backend)
-    try:
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      f"ducklake-incremental-{backend}", backend,
+                      METRICS_ARGS) as (root, running, lake):
         held = 200
         lake.sql("CREATE TABLE lake.w(id INTEGER, v VARCHAR)")
         for i in range(held):
@@ -1096,17 +1104,13 @@ def test_sync_reads_only_what_changed(request, server_factory, tmp_path_factory,
             f"the sync after one commit streamed {streamed} rows from moraine, which holds "
             f"{held} data files: it read what moraine holds, not what changed")
         assert_mirrored(lake, running, "after the incremental sync")
-    finally:
-        lake.close()
 
 
 def test_watch_follows_a_busy_writer(request, server_factory, tmp_path_factory):
     """`--watch` on a PostgreSQL catalog while DuckLake commits 200 snapshots: each is
     staged once, in order, and moraine ends equal to the catalog."""
-    root = tmp_path_factory.mktemp("ducklake-watch")
-    running = start_secured(server_factory, root, "ducklake-watch")
-    lake = make_lake(request, root, "postgres")
-    try:
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      "ducklake-watch", "postgres") as (root, running, lake):
         watcher = MirrorProcess(lake, running, "--watch", "0.05")
         snapshots = write_commits(lake, 200)
         watcher.wait_for(f"staged snapshot {snapshots[-1]}:", timeout=90)
@@ -1120,17 +1124,13 @@ def test_watch_follows_a_busy_writer(request, server_factory, tmp_path_factory):
             f"{sorted(s for s, n in collections.Counter(staged).items() if n > 1)}, "
             f"in order: {staged == sorted(staged)}")
         assert_mirrored(lake, running, "after watching the writer")
-    finally:
-        lake.close()
 
 
 def test_killed_mirror_resumes(request, server_factory, tmp_path_factory):
     """A mirror killed (SIGKILL) while it stages 60 DuckLake commits, run again: it stages
     exactly the commits moraine did not get, and moraine ends equal to the catalog."""
-    root = tmp_path_factory.mktemp("ducklake-killed")
-    running = start_secured(server_factory, root, "ducklake-killed")
-    lake = make_lake(request, root, "postgres")
-    try:
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      "ducklake-killed", "postgres") as (root, running, lake):
         snapshots = write_commits(lake, 60)
         first = MirrorProcess(lake, running)
         first.wait_for("staged snapshot ", timeout=60)
@@ -1146,18 +1146,14 @@ def test_killed_mirror_resumes(request, server_factory, tmp_path_factory):
         assert code == 0, (code, err)
         assert again.staged() == [s for s in snapshots if s > held.snapshot_cursor], again.seen
         assert_mirrored(lake, running, "after the resumed run")
-    finally:
-        lake.close()
 
 
 def test_racing_mirrors_stage_each_commit_once(request, server_factory, tmp_path_factory):
     """Two mirrors of one PostgreSQL catalog syncing at the same time into one server: a
     commit the other mirror staged first is refused or conflicts, is re-planned on a new
     connection and drops out, so every DuckLake commit is staged by exactly one of them."""
-    root = tmp_path_factory.mktemp("ducklake-race")
-    running = start_secured(server_factory, root, "ducklake-race")
-    lake = make_lake(request, root, "postgres")
-    try:
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      "ducklake-race", "postgres") as (root, running, lake):
         snapshots = write_commits(lake, 60)
         staged: Dict[str, List[int]] = {"a": [], "b": []}
         errors: List[BaseException] = []
@@ -1185,5 +1181,3 @@ def test_racing_mirrors_stage_each_commit_once(request, server_factory, tmp_path
             f"{sorted(set(snapshots) - set(both))}")
         assert all(s == sorted(s) for s in staged.values()), staged
         assert_mirrored(lake, running, "after two racing mirrors")
-    finally:
-        lake.close()
