@@ -3,6 +3,7 @@
 //! state after it, computed here straight from the rows added and removed.
 
 use moraine::import::{column_mapping_row, data_file_row, ducklake_steps, name_mapping_row, rows};
+use moraine::model::DuckLakeVersion;
 use moraine::write::StagedBatch;
 use serde_json::Value;
 
@@ -27,7 +28,7 @@ pub struct Step {
 pub fn steps() -> Vec<Step> {
     let text = std::fs::read_to_string(STEPS).expect("fixture");
     let json: Value = serde_json::from_str(&text).expect("fixture is JSON");
-    let commits = ducklake_steps(&text).expect("fixture imports");
+    let commits = ducklake_steps(&text, DuckLakeVersion::V0_3).expect("fixture imports");
     let mut state = CatalogRows::default();
     let mut out = Vec::new();
     for commit in commits {
@@ -36,13 +37,13 @@ pub fn steps() -> Vec<Step> {
         let removed = |t| rows(step, t, "removed");
         let gone: Vec<_> = removed("ducklake_data_file")
             .into_iter()
-            .map(|r| data_file_row(r).expect("row"))
+            .map(|r| data_file_row(r, DuckLakeVersion::V0_3).expect("row"))
             .collect();
         state.data_files.retain(|f| !gone.contains(f));
         state.data_files.extend(
             added("ducklake_data_file")
                 .into_iter()
-                .map(|r| data_file_row(r).expect("row")),
+                .map(|r| data_file_row(r, DuckLakeVersion::V0_3).expect("row")),
         );
         state.column_mappings.extend(
             added("ducklake_column_mapping")

@@ -160,6 +160,8 @@ fn more_rows() -> CatalogRows {
                 partition_id: None,
                 encryption_key: None,
                 partial_file_info: None,
+                partial_max: None,
+                row_group_count: None,
                 mapping_id,
             };
             rows.data_files
@@ -917,6 +919,7 @@ fn served_as_endpoints(
         let batches: Vec<_> = moraine::export::TableReader::open(
             &dir.join(&file.file),
             file.table,
+            manifest.ducklake,
             manifest.file_format,
         )
         .expect("opens")

@@ -18,7 +18,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
-use crate::model::{CatalogTable, Cell, Column, SqlType, mapping_load_columns};
+use crate::model::{CatalogTable, Cell, Column, DuckLakeVersion, SqlType, mapping_load_columns};
 
 /// Positions of `ducklake_column_mapping`'s columns in its canonical batches.
 pub(crate) mod column_mapping {
@@ -90,6 +90,19 @@ pub fn table_schema(table: CatalogTable) -> SchemaRef {
         CatalogTable::NameMapping => name_mapping,
         CatalogTable::DataFile => data_file,
     })
+}
+
+/// The Arrow schema of `table` as DuckLake `version` defines it: what the deployment serves
+/// and accepts (only `ducklake_data_file` differs between versions).
+#[must_use]
+pub fn served_schema(version: DuckLakeVersion, table: CatalogTable) -> SchemaRef {
+    static DATA_FILE: LazyLock<[SchemaRef; 3]> = LazyLock::new(|| {
+        DuckLakeVersion::ALL.map(|v| schema_of(v.columns(CatalogTable::DataFile)))
+    });
+    match (table, DATA_FILE.get(version as usize)) {
+        (CatalogTable::DataFile, Some(schema)) => Arc::clone(schema),
+        _ => table_schema(table),
+    }
 }
 
 /// The Arrow schema of DuckLake's mapping load (the join of the two mapping tables).

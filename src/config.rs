@@ -142,6 +142,11 @@ pub struct ServeConfig {
     /// (`[A-Za-z0-9._-]`, at most 64 bytes; empty on the embedded default).
     #[arg(long, env = "MORAINE_KEY_PREFIX", default_value = "")]
     pub key_prefix: String,
+    /// DuckLake catalog version whose `ducklake_data_file` columns the deployment serves and
+    /// accepts: 0.3 (DuckDB 1.4), 1.0 (DuckDB 1.5) or 1.1. Recorded at the first start (0.3
+    /// when unset); later starts serve the recorded one and refuse another.
+    #[arg(long, env = "MORAINE_DUCKLAKE_VERSION", value_parser = parse_ducklake_version)]
+    pub ducklake_version: Option<crate::model::DuckLakeVersion>,
     /// Seconds a transaction may sit idle before it is rolled back (clients that close
     /// without ending their transaction leave it to this).
     #[arg(long, env = "MORAINE_TXN_IDLE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -234,6 +239,18 @@ impl ServeConfig {
             max_open_per_session: count(self.max_session_transactions),
         }
     }
+}
+
+/// `--ducklake-version`: a version as [`DuckLakeVersion::parse`](crate::model::DuckLakeVersion::parse) reads it.
+fn parse_ducklake_version(name: &str) -> Result<crate::model::DuckLakeVersion, String> {
+    crate::model::DuckLakeVersion::parse(name).ok_or_else(|| {
+        format!(
+            "DuckLake {name} is not a version this moraine serves (it serves {})",
+            crate::model::DuckLakeVersion::ALL
+                .map(crate::model::DuckLakeVersion::name)
+                .join(", ")
+        )
+    })
 }
 
 /// Settings of `moraine import`: a dump `FILE` replayed into `--data` offline, or an export

@@ -31,7 +31,7 @@ pub use self::manifest::Manifest;
 use crate::client::Client;
 use crate::config::{ExportConfig, ExportFormat};
 use crate::error::{Error, Named, Result};
-use crate::model::CatalogTable;
+use crate::model::{CatalogTable, DuckLakeVersion};
 use crate::progress::{Progress, Total};
 
 /// Batches one endpoint's reader may hold for the writer.
@@ -72,6 +72,9 @@ impl Part {
 #[derive(Debug)]
 struct Plan {
     snapshot: Option<String>,
+    /// The DuckLake version the server's `ducklake_data_file` schema is of (0.3 when it is
+    /// not exported: the other tables are the same in every version).
+    ducklake: DuckLakeVersion,
     tables: Vec<(CatalogTable, Vec<Part>)>,
 }
 
@@ -198,6 +201,7 @@ fn part_of(table: CatalogTable, index: usize, of: usize, endpoint: FlightEndpoin
 /// Asks for every table's `FlightInfo`, the later tables at the snapshot the first names.
 async fn plan(client: &mut Client, tables: &[CatalogTable]) -> Result<Plan> {
     let mut snapshot: Option<String> = None;
+    let mut ducklake = DuckLakeVersion::default();
     let mut planned = Vec::new();
     for (i, &table) in tables.iter().enumerate() {
         let mut path = vec![table.name().to_owned()];
@@ -236,11 +240,36 @@ async fn plan(client: &mut Client, tables: &[CatalogTable]) -> Result<Plan> {
                 });
             }
         }
+        if table == CatalogTable::DataFile {
+            ducklake = version_of(&info, &call)?;
+        }
         planned.push((table, parts_of(table, info)?));
     }
     Ok(Plan {
         snapshot,
+        ducklake,
         tables: planned,
+    })
+}
+
+/// The DuckLake version whose `ducklake_data_file` columns the `FlightInfo` of that table
+/// has.
+fn version_of(info: &FlightInfo, call: &str) -> Result<DuckLakeVersion> {
+    let remote = |message: String| Error::Remote {
+        call: call.to_owned(),
+        code: "OK",
+        message,
+        advice: "",
+    };
+    let schema = info
+        .clone()
+        .try_decode_schema()
+        .map_err(|err| remote(format!("the schema does not decode: {err}")))?;
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    DuckLakeVersion::of_data_file_columns(&names).ok_or_else(|| {
+        remote(format!(
+            "the columns {names:?} are no DuckLake version's ducklake_data_file"
+        ))
     })
 }
 
@@ -318,6 +347,7 @@ async fn schedule(
 fn write_tables(
     dir: &Path,
     format: ExportFormat,
+    ducklake: DuckLakeVersion,
     layout: &[(CatalogTable, usize)],
     mut readers: mpsc::Receiver<mpsc::Receiver<Result<Piece>>>,
     progress: &Progress,
@@ -326,7 +356,7 @@ fn write_tables(
     let mut written = Vec::new();
     let mut counted = 0;
     for &(table, endpoints) in layout {
-        let mut writer = files::TableWriter::create(dir, table, format)?;
+        let mut writer = files::TableWriter::create(dir, table, ducklake, format)?;
         let mut read_endpoints = || -> Result<()> {
             for index in 0..endpoints {
                 let mut reader = readers.blocking_recv().ok_or_else(|| Error::Internal {
@@ -434,8 +464,11 @@ pub async fn export(config: ExportConfig) -> Result<Manifest> {
         let dir = dir.clone();
         let progress = Arc::clone(&progress);
         let format = config.format;
+        let ducklake = plan.ducklake;
         tokio::task::spawn_blocking(move || {
-            write_tables(&dir, format, &layout, readers_rx, &progress, &wire)
+            write_tables(
+                &dir, format, ducklake, &layout, readers_rx, &progress, &wire,
+            )
         })
         .await
         .map_err(|err| Error::Internal {
@@ -458,6 +491,7 @@ pub async fn export(config: ExportConfig) -> Result<Manifest> {
         server: config.server,
         exported_at: manifest::rfc3339(started),
         snapshot: plan.snapshot,
+        ducklake: plan.ducklake,
         files: written,
     };
     manifest.write(&dir)?;

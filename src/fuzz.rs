@@ -168,6 +168,7 @@ pub fn ingest(data: &[u8]) {
                 Some(decoder) => decoder,
                 None => match RowDecoder::new(
                     RowShape::Table(CatalogTable::DataFile),
+                    crate::model::DuckLakeVersion::default(),
                     &batch.schema(),
                     MissingColumns::Refuse,
                 ) {

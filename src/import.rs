@@ -17,7 +17,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    CatalogTable, Cell, ColumnMappingRow, DataFileId, DataFileRow, NameMappingRow, SqlType,
+    CatalogTable, Cell, ColumnMappingRow, DataFileId, DataFileRow, DuckLakeVersion, NameMappingRow,
+    SqlType,
 };
 use crate::write::{Delete, EndTarget, Insert, Op, StagedBatch, Update};
 
@@ -34,13 +35,14 @@ fn bad(reason: String) -> Error {
     Error::InvalidRequest { reason }
 }
 
-/// A row of `table` from a dump's JSON array, column by column in DuckLake's order.
+/// A row of `table` from a dump's JSON array, column by column in DuckLake `version`'s order.
 fn row_of<'a, R>(
     table: CatalogTable,
+    version: DuckLakeVersion,
     row: &'a [Value],
     from_cells: impl FnOnce(Vec<Cell<'a>>) -> Option<R>,
 ) -> Result<R> {
-    let columns = table.columns();
+    let columns = version.columns(table);
     if row.len() < columns.len() {
         return Err(bad(format!(
             "{table} row has {} values, expected {}",
@@ -66,7 +68,8 @@ fn row_of<'a, R>(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    from_cells(cells).ok_or_else(|| bad(format!("{table} row does not convert")))
+    from_cells(version.to_stored(table, cells, &Cell::Null))
+        .ok_or_else(|| bad(format!("{table} row does not convert")))
 }
 
 /// A `ducklake_column_mapping` row of a dump.
@@ -76,6 +79,7 @@ fn row_of<'a, R>(
 pub fn column_mapping_row(row: &[Value]) -> Result<ColumnMappingRow> {
     row_of(
         CatalogTable::ColumnMapping,
+        DuckLakeVersion::default(),
         row,
         ColumnMappingRow::from_cells,
     )
@@ -86,15 +90,25 @@ pub fn column_mapping_row(row: &[Value]) -> Result<ColumnMappingRow> {
 /// # Errors
 /// [`Error::InvalidRequest`] for a row of the wrong shape.
 pub fn name_mapping_row(row: &[Value]) -> Result<NameMappingRow> {
-    row_of(CatalogTable::NameMapping, row, NameMappingRow::from_cells)
+    row_of(
+        CatalogTable::NameMapping,
+        DuckLakeVersion::default(),
+        row,
+        NameMappingRow::from_cells,
+    )
 }
 
-/// A `ducklake_data_file` row of a dump.
+/// A `ducklake_data_file` row of a dump, in DuckLake `version`'s column order.
 ///
 /// # Errors
 /// [`Error::InvalidRequest`] for a row of the wrong shape.
-pub fn data_file_row(row: &[Value]) -> Result<DataFileRow> {
-    row_of(CatalogTable::DataFile, row, DataFileRow::from_cells)
+pub fn data_file_row(row: &[Value], version: DuckLakeVersion) -> Result<DataFileRow> {
+    row_of(
+        CatalogTable::DataFile,
+        version,
+        row,
+        DataFileRow::from_cells,
+    )
 }
 
 /// The `which` (`"added"` or `"removed"`) rows of `table` in one commit of a dump.
@@ -111,20 +125,37 @@ pub fn rows<'a>(step: &'a Value, table: &str, which: &str) -> Vec<&'a [Value]> {
         .unwrap_or_default()
 }
 
-/// The commits of a dump, in order; commits that change none of the three tables are left
-/// out.
+/// The commits of a dump for a deployment of DuckLake `version`, in order; commits that
+/// change none of the three tables are left out. A dump's rows are in the column order of the
+/// DuckLake version its `"ducklake_version"` names (0.3 when it names none).
 ///
 /// # Errors
-/// [`Error::InvalidRequest`] for text that is not such a dump.
-pub fn ducklake_steps(json: &str) -> Result<Vec<ImportedCommit>> {
+/// [`Error::InvalidRequest`] for text that is not such a dump, or a dump of another version.
+pub fn ducklake_steps(json: &str, version: DuckLakeVersion) -> Result<Vec<ImportedCommit>> {
     let dump: Value = serde_json::from_str(json).map_err(|err| bad(format!("not JSON: {err}")))?;
+    let dumped = match dump.get("ducklake_version") {
+        None => DuckLakeVersion::default(),
+        Some(name) => name
+            .as_str()
+            .and_then(DuckLakeVersion::parse)
+            .ok_or_else(|| {
+                bad(format!(
+                    "the dump's DuckLake version {name} is not one moraine serves"
+                ))
+            })?,
+    };
+    if dumped != version {
+        return Err(bad(format!(
+            "the dump holds DuckLake {dumped} rows; this deployment serves DuckLake {version}"
+        )));
+    }
     let steps = dump
         .get("steps")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("no \"steps\" object".into()))?;
     let mut out = Vec::new();
     for (name, step) in steps {
-        let batch = commit_of(name, step)?;
+        let batch = commit_of(name, step, version)?;
         if !batch.is_empty() {
             out.push(ImportedCommit {
                 name: name.clone(),
@@ -135,7 +166,7 @@ pub fn ducklake_steps(json: &str) -> Result<Vec<ImportedCommit>> {
     Ok(out)
 }
 
-fn commit_of(name: &str, step: &Value) -> Result<StagedBatch> {
+fn commit_of(name: &str, step: &Value, version: DuckLakeVersion) -> Result<StagedBatch> {
     let mut batch = StagedBatch::new();
     let mappings = rows(step, "ducklake_column_mapping", "added")
         .into_iter()
@@ -154,7 +185,7 @@ fn commit_of(name: &str, step: &Value) -> Result<StagedBatch> {
         .collect();
     let mut removed_files = BTreeMap::new();
     for row in rows(step, "ducklake_data_file", "removed") {
-        let file = data_file_row(row)?;
+        let file = data_file_row(row, version)?;
         let id = file
             .data_file_id
             .ok_or_else(|| bad(format!("{name}: removed data file without id")))?;
@@ -163,7 +194,7 @@ fn commit_of(name: &str, step: &Value) -> Result<StagedBatch> {
     let mut new_files = Vec::new();
     let mut ends: BTreeMap<i64, Vec<DataFileId>> = BTreeMap::new();
     for row in rows(step, "ducklake_data_file", "added") {
-        let file = data_file_row(row)?;
+        let file = data_file_row(row, version)?;
         let Some(id) = file.data_file_id else {
             new_files.push(file);
             continue;

@@ -463,6 +463,9 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     };
     let catalog = Catalog::new(store, keyspace);
     upgrade(&catalog).await?;
+    let ducklake = catalog.settle_ducklake(config.ducklake_version).await?;
+    tracing::info!("serving DuckLake {ducklake}'s catalog tables");
+    let catalog = catalog.with_ducklake(ducklake);
     let _metrics = match config.metrics {
         Some(addr) => {
             let (listener, bound) = crate::metrics::bind(addr).await?;
@@ -613,10 +616,11 @@ async fn import_dump(data: &std::path::Path, file: &std::path::Path) -> Result<(
         setting: "file",
         reason: format!("{}: {err}", file.display()),
     })?;
-    let commits = crate::import::ducklake_steps(&text)?;
     let store = open_embedded(data, crate::kv::redb::RedbOptions::default()).await?;
     let catalog = Catalog::new(store, Keyspace::default());
     upgrade(&catalog).await?;
+    let ducklake = catalog.settle_ducklake(None).await?;
+    let commits = crate::import::ducklake_steps(&text, ducklake)?;
     for commit in &commits {
         let report = crate::write::commit_batch(&catalog, &commit.batch)
             .await

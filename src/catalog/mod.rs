@@ -15,13 +15,13 @@ use futures::stream::{self, BoxStream, StreamExt as _};
 
 use crate::codec::{
     CodecError, DataFileRecord, Keyspace, Kind, MappingHead, MappingRecord, RawName, RowKey,
-    decode_mapping, hex, read_data_file, read_mapping, read_mapping_raw,
+    Setting, decode_mapping, hex, read_data_file, read_mapping, read_mapping_raw,
 };
 use crate::error::Result;
 use crate::kv::{
     CommitOutcome, Conflict, Division, KeyRange, Page, PageSize, Snapshot, StagedWrites, Store,
 };
-use crate::model::{ColumnMapping, MappingId, TableId};
+use crate::model::{ColumnMapping, DuckLakeVersion, MappingId, TableId};
 
 /// Index entries read per page when rows are read in id order.
 const ID_ORDER_PAGE: PageSize = PageSize {
@@ -39,13 +39,92 @@ const DENSE_SPAN_FACTOR: i64 = 16;
 pub struct Catalog {
     store: Store,
     keyspace: Keyspace,
+    ducklake: DuckLakeVersion,
 }
 
 impl Catalog {
-    /// The catalog of `keyspace` in `store`.
+    /// The catalog of `keyspace` in `store`, serving DuckLake 0.3's tables until
+    /// [`with_ducklake`](Self::with_ducklake) says otherwise.
     #[must_use]
     pub fn new(store: Store, keyspace: Keyspace) -> Self {
-        Self { store, keyspace }
+        Self {
+            store,
+            keyspace,
+            ducklake: DuckLakeVersion::default(),
+        }
+    }
+
+    /// This catalog serving DuckLake `version`'s tables (what
+    /// [`settle_ducklake`](Self::settle_ducklake) returned).
+    #[must_use]
+    pub fn with_ducklake(self, version: DuckLakeVersion) -> Self {
+        Self {
+            ducklake: version,
+            ..self
+        }
+    }
+
+    /// The DuckLake version whose tables this catalog serves and accepts.
+    #[must_use]
+    pub fn ducklake(&self) -> DuckLakeVersion {
+        self.ducklake
+    }
+
+    /// The DuckLake version of the deployment: the one its keyspace records, else
+    /// `requested` (0.3 when `None`), which is then recorded, so that every later start
+    /// serves the same one.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) when `requested` is not the recorded version,
+    /// when the record names no version this build knows, or when a store that holds data
+    /// files from before versions were recorded (DuckLake 0.3's) is asked for another;
+    /// [`Error::Kv`](crate::Error::Kv) when the store fails.
+    pub async fn settle_ducklake(
+        &self,
+        requested: Option<DuckLakeVersion>,
+    ) -> Result<DuckLakeVersion> {
+        let key = self.keyspace.setting_key(Setting::DuckLakeVersion);
+        loop {
+            let snapshot = self.store.snapshot().await?;
+            if let Some(value) = snapshot.get(&key).await? {
+                let name = String::from_utf8_lossy(&value);
+                let recorded = DuckLakeVersion::parse(&name).ok_or_else(|| {
+                    version_error(format!(
+                        "the store records DuckLake version {name:?}, which this moraine \
+                         does not serve (it serves {})",
+                        served_versions()
+                    ))
+                })?;
+                return match requested {
+                    Some(asked) if asked != recorded => Err(version_error(format!(
+                        "this deployment serves DuckLake {recorded}'s catalog, recorded at \
+                         its first start; it cannot serve {asked} (omit --ducklake-version, \
+                         or give it {recorded})"
+                    ))),
+                    _ => Ok(recorded),
+                };
+            }
+            let version = requested.unwrap_or_default();
+            let files = snapshot
+                .page(&self.keyspace.kind_range(Kind::DataFile), PageSize::rows(1))
+                .await?;
+            if version != DuckLakeVersion::V0_3 && !files.is_empty() {
+                return Err(version_error(format!(
+                    "the store holds data files from before moraine recorded DuckLake \
+                     versions, which are DuckLake 0.3's; it cannot serve {version}"
+                )));
+            }
+            let mut writes = crate::kv::WriteSet::new();
+            writes.insert(key.clone(), version.name().as_bytes().to_vec());
+            match self.store.commit(writes).await? {
+                CommitOutcome::Committed => return Ok(version),
+                // Another server recorded one first: read it.
+                CommitOutcome::Conflict(_) => {}
+                CommitOutcome::Unknown { reason } => {
+                    return Err(crate::Error::CommitUnknown { reason });
+                }
+            }
+        }
     }
 
     /// The underlying store.
@@ -127,6 +206,18 @@ impl Catalog {
             keyspace: self.keyspace.clone(),
         })
     }
+}
+
+fn version_error(reason: String) -> crate::Error {
+    crate::Error::Config {
+        setting: "ducklake-version",
+        reason,
+    }
+}
+
+/// The versions this build serves, for messages: `0.3, 1.0, 1.1`.
+fn served_versions() -> String {
+    DuckLakeVersion::ALL.map(DuckLakeVersion::name).join(", ")
 }
 
 /// Index entries one commit of [`Catalog::upgrade`] moves.

@@ -38,6 +38,9 @@
 //! | `MappingTableSet`| guard    | 0x21 | `0` table set, `1` holds   | see above  |
 //! | `DataFileTableSet`| guard   | 0x22 | `0` table set, `1` holds   | see above  |
 //!
+//! A deployment's settings (its DuckLake version) are one key each in a fourth subspace,
+//! `prefix, 0x04, setting`, which no row or range of rows ever covers.
+//!
 //! `DataFileByIdV1` is the data-file index of stores written before the index was unique;
 //! opening such a store moves its entries to `DataFileById` (see `catalog::upgrade`).
 //!
@@ -68,6 +71,16 @@ pub enum Subspace {
     Index = 0x02,
     /// One guard key per table and row kind.
     Guard = 0x03,
+    /// The deployment's settings ([`Setting`]), one key each; never a row key.
+    Meta = 0x04,
+}
+
+/// A setting a deployment records in its keyspace, under `prefix, Meta, tag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Setting {
+    /// The DuckLake catalog version the deployment serves; the value is its name (`0.3`).
+    DuckLakeVersion = 0x01,
 }
 
 /// What a key's row is. The kind tag follows the subspace byte.
@@ -312,6 +325,15 @@ impl Keyspace {
     #[must_use]
     pub fn prefix(&self) -> &KeyPrefix {
         &self.prefix
+    }
+
+    /// The key of a deployment setting.
+    #[must_use]
+    pub fn setting_key(&self, setting: Setting) -> Vec<u8> {
+        let mut key = self.prefix.as_bytes().to_vec();
+        key.push(Subspace::Meta as u8);
+        key.push(setting as u8);
+        key
     }
 
     /// The key of mapping `mapping_id` of table `table_id`.

@@ -19,7 +19,7 @@ pub mod value;
 )]
 mod wire;
 
-pub use key::{KeyPrefix, Keyspace, Kind, RowKey, Subspace};
+pub use key::{KeyPrefix, Keyspace, Kind, RowKey, Setting, Subspace};
 pub use value::{
     DATA_FILE_FIELDS, DataFileRecord, FORMAT_V1, MappingHead, MappingRecord, NameRef, RawName,
     decode_data_file, decode_mapping, encode_data_file, encode_data_file_into, encode_mapping,

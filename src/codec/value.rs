@@ -40,8 +40,10 @@ pub const FORMAT_V1: u8 = 1;
 
 const CHECKSUM_LEN: usize = 4;
 
-/// Columns of `ducklake_data_file`, and so fields of `DataFileValue`.
-pub const DATA_FILE_FIELDS: usize = 16;
+/// Columns of `ducklake_data_file` as stored (every DuckLake version's), and so fields of
+/// `DataFileValue`. A value written before the later versions' columns were stored lacks
+/// them, as it lacks any NULL column.
+pub const DATA_FILE_FIELDS: usize = 18;
 /// The leading data-file fields that are implicit (the key columns, never NULL).
 const DATA_FILE_IMPLICIT: usize = 2;
 

@@ -67,4 +67,10 @@ pub struct DataFileValue {
     pub partial_file_info: ::core::option::Option<::prost::alloc::string::String>,
     #[prost(int64, optional, tag = "16")]
     pub mapping_id: ::core::option::Option<i64>,
+    /// DuckLake 1.0 on.
+    #[prost(int64, optional, tag = "17")]
+    pub partial_max: ::core::option::Option<i64>,
+    /// DuckLake 1.1 on.
+    #[prost(int64, optional, tag = "18")]
+    pub row_group_count: ::core::option::Option<i64>,
 }

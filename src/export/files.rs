@@ -20,10 +20,10 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use sha2::{Digest as _, Sha256};
 
-use crate::batch::{ColumnBuilder, Columns, table_schema};
+use crate::batch::{ColumnBuilder, Columns, served_schema};
 use crate::config::ExportFormat;
 use crate::error::{Error, Result};
-use crate::model::CatalogTable;
+use crate::model::{CatalogTable, DuckLakeVersion};
 
 /// Rows per batch written, whatever the server's batches held.
 pub const BATCH_ROWS: usize = 8192;
@@ -64,18 +64,26 @@ fn key_columns(table: CatalogTable) -> Option<(usize, usize)> {
     }
 }
 
-/// Checks that `schema` has `table`'s columns, by name and in order (types are checked
-/// where the batch is read, by [`Columns::new`]).
-fn check_columns(table: CatalogTable, schema: &SchemaRef) -> std::result::Result<(), String> {
+/// Checks that `schema` has `table`'s columns in DuckLake `version`, by name and in order
+/// (types are checked where the batch is read, by [`Columns::new`]).
+fn check_columns(
+    table: CatalogTable,
+    version: DuckLakeVersion,
+    schema: &SchemaRef,
+) -> std::result::Result<(), String> {
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    let expected: Vec<&str> = table.columns().iter().map(|c| c.name).collect();
+    let expected: Vec<&str> = version.columns(table).iter().map(|c| c.name).collect();
     if names == expected {
-        Ok(())
-    } else {
-        Err(format!(
-            "rows of {table} have the columns {names:?}, expected {expected:?}"
-        ))
+        return Ok(());
     }
+    let other = (table == CatalogTable::DataFile)
+        .then(|| DuckLakeVersion::of_data_file_columns(&names))
+        .flatten()
+        .map_or_else(String::new, |v| format!(" (DuckLake {v}'s)"));
+    Err(format!(
+        "rows of {table} have the columns {names:?}{other}, expected DuckLake {version}'s \
+         {expected:?}"
+    ))
 }
 
 /// Rows of one table, rebuilt into fresh batches of [`BATCH_ROWS`] rows (the last one
@@ -83,6 +91,7 @@ fn check_columns(table: CatalogTable, schema: &SchemaRef) -> std::result::Result
 /// order.
 pub(crate) struct Rechunker {
     table: CatalogTable,
+    version: DuckLakeVersion,
     schema: SchemaRef,
     builders: Vec<ColumnBuilder>,
     rows: usize,
@@ -91,20 +100,21 @@ pub(crate) struct Rechunker {
 }
 
 impl Rechunker {
-    pub(crate) fn new(table: CatalogTable) -> Self {
+    pub(crate) fn new(table: CatalogTable, version: DuckLakeVersion) -> Self {
         Self {
             table,
-            schema: table_schema(table),
-            builders: Self::builders(table),
+            version,
+            schema: served_schema(version, table),
+            builders: Self::builders(table, version),
             rows: 0,
             last_key: None,
             disordered: 0,
         }
     }
 
-    fn builders(table: CatalogTable) -> Vec<ColumnBuilder> {
-        table
-            .columns()
+    fn builders(table: CatalogTable, version: DuckLakeVersion) -> Vec<ColumnBuilder> {
+        version
+            .columns(table)
             .iter()
             .map(|c| ColumnBuilder::new(c.ty, BATCH_ROWS))
             .collect()
@@ -123,8 +133,9 @@ impl Rechunker {
         &mut self,
         batch: &RecordBatch,
     ) -> std::result::Result<Vec<RecordBatch>, String> {
-        check_columns(self.table, &batch.schema())?;
-        let columns = Columns::new(batch, self.table.columns()).map_err(|err| err.to_string())?;
+        check_columns(self.table, self.version, &batch.schema())?;
+        let columns =
+            Columns::new(batch, self.version.columns(self.table)).map_err(|err| err.to_string())?;
         let keys = key_columns(self.table);
         let mut full = Vec::new();
         for row in 0..columns.len() {
@@ -164,7 +175,7 @@ impl Rechunker {
             .map(ColumnBuilder::finish)
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|err| err.to_string())?;
-        self.builders = Self::builders(self.table);
+        self.builders = Self::builders(self.table, self.version);
         self.rows = 0;
         // The canonical schema holds DuckLake's NOT NULL: a NULL there is refused here.
         RecordBatch::try_new(self.schema.clone(), arrays).map_err(|err| err.to_string())
@@ -224,11 +235,17 @@ pub(crate) struct TableWriter {
 }
 
 impl TableWriter {
-    /// Starts `table`'s file in `dir`, under its `.partial` name.
+    /// Starts `table`'s file in `dir`, under its `.partial` name, with DuckLake `version`'s
+    /// columns.
     ///
     /// # Errors
     /// [`Error::ExportFile`] when it cannot be created.
-    pub(crate) fn create(dir: &Path, table: CatalogTable, format: ExportFormat) -> Result<Self> {
+    pub(crate) fn create(
+        dir: &Path,
+        table: CatalogTable,
+        version: DuckLakeVersion,
+        format: ExportFormat,
+    ) -> Result<Self> {
         let file = file_name(table, format);
         let path = dir.join(&file);
         let partial = dir.join(format!("{file}.partial"));
@@ -238,7 +255,7 @@ impl TableWriter {
             hasher: Sha256::new(),
             bytes: 0,
         };
-        let schema = table_schema(table);
+        let schema = served_schema(version, table);
         let sink = match format {
             ExportFormat::Parquet => {
                 let level = ZstdLevel::try_new(ZSTD_LEVEL).map_err(|err| Error::Internal {
@@ -265,7 +282,7 @@ impl TableWriter {
             path,
             partial,
             sink,
-            rechunker: Rechunker::new(table),
+            rechunker: Rechunker::new(table, version),
             rows: 0,
         })
     }
@@ -383,16 +400,22 @@ enum Source {
 pub struct TableReader {
     path: PathBuf,
     table: CatalogTable,
+    version: DuckLakeVersion,
     source: Source,
 }
 
 impl TableReader {
-    /// Opens `table`'s file at `path`, written in `format`.
+    /// Opens `table`'s file at `path`, written in `format` with DuckLake `version`'s columns.
     ///
     /// # Errors
     /// [`Error::ExportFile`] when it cannot be opened, is not of `format`, or does not hold
     /// the table's columns.
-    pub fn open(path: &Path, table: CatalogTable, format: ExportFormat) -> Result<Self> {
+    pub fn open(
+        path: &Path,
+        table: CatalogTable,
+        version: DuckLakeVersion,
+        format: ExportFormat,
+    ) -> Result<Self> {
         let file = File::open(path).map_err(|err| file_error(path, err))?;
         let (source, schema) = match format {
             ExportFormat::Parquet => {
@@ -412,10 +435,11 @@ impl TableReader {
                 (Source::Arrow(reader), schema)
             }
         };
-        check_columns(table, &schema).map_err(|problem| file_error(path, problem))?;
+        check_columns(table, version, &schema).map_err(|problem| file_error(path, problem))?;
         Ok(Self {
             path: path.to_owned(),
             table,
+            version,
             source,
         })
     }
@@ -431,6 +455,12 @@ impl TableReader {
     pub fn table(&self) -> CatalogTable {
         self.table
     }
+
+    /// The DuckLake version whose columns the file holds.
+    #[must_use]
+    pub fn version(&self) -> DuckLakeVersion {
+        self.version
+    }
 }
 
 impl Iterator for TableReader {
@@ -444,7 +474,7 @@ impl Iterator for TableReader {
         Some(
             next.map_err(|err| file_error(&self.path, err))
                 .and_then(|batch| {
-                    Columns::new(&batch, self.table.columns())
+                    Columns::new(&batch, self.version.columns(self.table))
                         .map_err(|err| file_error(&self.path, err))?;
                     Ok(batch)
                 }),
@@ -460,9 +490,11 @@ mod tests {
 
     use super::*;
 
+    const V03: DuckLakeVersion = DuckLakeVersion::V0_3;
+
     fn mappings(ids: std::ops::Range<i64>) -> RecordBatch {
         RecordBatch::try_new(
-            table_schema(CatalogTable::ColumnMapping),
+            served_schema(V03, CatalogTable::ColumnMapping),
             vec![
                 Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
                 Arc::new(Int64Array::from_iter_values(ids.clone().map(|i| i / 100))),
@@ -480,7 +512,7 @@ mod tests {
     /// Writes `batches` as one table file; its checksum.
     fn write(dir: &Path, format: ExportFormat, batches: &[RecordBatch]) -> WrittenFile {
         let mut writer =
-            TableWriter::create(dir, CatalogTable::ColumnMapping, format).expect("create");
+            TableWriter::create(dir, CatalogTable::ColumnMapping, V03, format).expect("create");
         for batch in batches {
             writer.push(batch).expect("push");
         }
@@ -548,14 +580,14 @@ mod tests {
                 (written.sha256, written.bytes)
             );
             let reader =
-                TableReader::open(&path, CatalogTable::ColumnMapping, format).expect("opens");
+                TableReader::open(&path, CatalogTable::ColumnMapping, V03, format).expect("opens");
             let back: Vec<RecordBatch> = reader.collect::<Result<_>>().expect("reads");
             assert!(back.iter().all(|b| b.num_rows() <= READ_BATCH_ROWS));
             let back =
                 datafusion::arrow::compute::concat_batches(&batch.schema(), &back).expect("concat");
             assert_eq!(back, batch, "{format:?}");
             // Another table's file is refused by its columns.
-            let err = TableReader::open(&path, CatalogTable::DataFile, format)
+            let err = TableReader::open(&path, CatalogTable::DataFile, V03, format)
                 .err()
                 .expect("refused");
             assert!(err.to_string().contains("expected"), "{err}");
@@ -564,13 +596,14 @@ mod tests {
 
     #[test]
     fn rows_out_of_key_order_are_counted() {
-        let mut rechunker = Rechunker::new(CatalogTable::ColumnMapping);
+        let mut rechunker = Rechunker::new(CatalogTable::ColumnMapping, V03);
         rechunker.push(&mappings(100..200)).expect("push");
         assert_eq!(rechunker.disordered(), 0);
         rechunker.push(&mappings(0..10)).expect("push");
         assert_eq!(rechunker.disordered(), 1);
         let err = rechunker
-            .push(&RecordBatch::new_empty(table_schema(
+            .push(&RecordBatch::new_empty(served_schema(
+                V03,
                 CatalogTable::DataFile,
             )))
             .expect_err("another table's rows");

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use super::files::{WrittenFile, file_error, sha256_of};
 use crate::config::ExportFormat;
 use crate::error::Result;
-use crate::model::CatalogTable;
+use crate::model::{CatalogTable, DuckLakeVersion};
 
 /// The manifest's file name in an export's directory.
 pub const MANIFEST: &str = "manifest.json";
@@ -45,6 +45,9 @@ pub struct Manifest {
     pub exported_at: String,
     /// The snapshot every table was read at, when the server named one.
     pub snapshot: Option<String>,
+    /// The DuckLake version whose columns the files hold (written as
+    /// `"ducklake_version"`; 0.3 for a manifest that names none).
+    pub ducklake: DuckLakeVersion,
     /// The tables' files, in the order written.
     pub files: Vec<WrittenFile>,
 }
@@ -89,6 +92,7 @@ impl Manifest {
             "server": self.server,
             "exported_at": self.exported_at,
             "snapshot": self.snapshot,
+            "ducklake_version": self.ducklake.name(),
             "tables": tables,
         });
         let mut text = serde_json::to_string_pretty(&manifest).unwrap_or_default();
@@ -152,6 +156,15 @@ impl Manifest {
             Some(Value::String(snapshot)) => Some(snapshot.clone()),
             Some(other) => return Err(format!("names snapshot {other}, not a string")),
         };
+        let ducklake = match manifest.get("ducklake_version") {
+            None => DuckLakeVersion::default(),
+            Some(name) => name
+                .as_str()
+                .and_then(DuckLakeVersion::parse)
+                .ok_or_else(|| {
+                    format!("names DuckLake version {name}, which this moraine does not serve")
+                })?,
+        };
         let mut files: Vec<WrittenFile> = Vec::new();
         let tables = manifest
             .get("tables")
@@ -193,6 +206,7 @@ impl Manifest {
             server: text_of(&manifest, "server")?,
             exported_at: text_of(&manifest, "exported_at")?,
             snapshot,
+            ducklake,
             files,
         })
     }
@@ -281,6 +295,7 @@ mod tests {
             server: "grpc://127.0.0.1:1".into(),
             exported_at: "2026-12-02T05:06:31Z".into(),
             snapshot: None,
+            ducklake: DuckLakeVersion::V1_1,
             files: vec![WrittenFile {
                 table: CatalogTable::DataFile,
                 file: "ducklake_data_file.parquet".into(),

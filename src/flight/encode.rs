@@ -23,7 +23,7 @@ use super::service::MoraineSqlService;
 use super::status::to_status;
 use super::tickets::TicketKind;
 use crate::auth::Session;
-use crate::batch::table_schema;
+use crate::batch::served_schema;
 use crate::catalog::CatalogSnapshot;
 use crate::error::{Error, Result};
 use crate::model::CatalogTable;
@@ -131,7 +131,7 @@ impl MoraineSqlService {
             }
         };
         let mut info = FlightInfo::new()
-            .try_with_schema(&table_schema(table))
+            .try_with_schema(&served_schema(self.engine.catalog().ducklake(), table))
             .map_err(|err| Error::Internal {
                 context: "encoding a result schema",
                 reason: err.to_string(),

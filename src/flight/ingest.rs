@@ -69,7 +69,7 @@ impl MoraineSqlService {
                 });
             }
         };
-        let (changes, tally) = upload.changes(shape, missing);
+        let (changes, tally) = upload.changes(shape, self.engine.catalog().ducklake(), missing);
         let marker = tally.clone();
         let report = self
             .txns
@@ -105,7 +105,11 @@ impl MoraineSqlService {
         session.require(Role::Writer, "ingest")?;
         let table = ingest_target(cmd)?;
         let txn = self.txn_of(cmd.transaction_id.as_ref(), session)?;
-        let (changes, tally) = upload.changes(RowShape::Table(table), MissingColumns::Refuse);
+        let (changes, tally) = upload.changes(
+            RowShape::Table(table),
+            self.engine.catalog().ducklake(),
+            MissingColumns::Refuse,
+        );
         // Staged batch by batch as the stream is read; a stream that fails stages nothing.
         if let Some(id) = txn {
             self.txns.stage_stream(&id, changes).await?;

@@ -14,9 +14,10 @@ use datafusion::arrow::array::{Int32Array, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::batch::table_schema;
+use crate::batch::served_schema;
 use crate::error::{Error, Result};
 use crate::model::CatalogTable;
+use crate::model::DuckLakeVersion;
 use crate::query::{CATALOG_NAME, SCHEMA_NAME};
 
 /// How long an unused prepared statement handle lives, in milliseconds (`SqlInfo` 100).
@@ -117,11 +118,12 @@ pub fn db_schemas(cmd: CommandGetDbSchemas) -> Result<RecordBatch> {
     builder.build().map_err(|e| arrow_error(&e))
 }
 
-/// `GetTables`, honouring the filters and `include_schema`.
+/// `GetTables`, honouring the filters and `include_schema` (the tables as DuckLake `version`
+/// defines them).
 ///
 /// # Errors
 /// Only if arrow-flight's builder fails.
-pub fn tables(cmd: CommandGetTables) -> Result<RecordBatch> {
+pub fn tables(cmd: CommandGetTables, version: DuckLakeVersion) -> Result<RecordBatch> {
     let mut builder = cmd.into_builder();
     for table in CatalogTable::ALL {
         builder
@@ -130,7 +132,7 @@ pub fn tables(cmd: CommandGetTables) -> Result<RecordBatch> {
                 SCHEMA_NAME,
                 table.name(),
                 "TABLE",
-                &table_schema(table),
+                &served_schema(version, table),
             )
             .map_err(|e| arrow_error(&e))?;
     }

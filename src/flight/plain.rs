@@ -21,7 +21,7 @@ use super::held::HeldId;
 use super::service::MoraineSqlService;
 use super::status::to_status;
 use super::tickets::TicketKind;
-use crate::batch::table_schema;
+use crate::batch::served_schema;
 use crate::error::{Error, Named, Part, Result};
 use crate::model::CatalogTable;
 
@@ -171,7 +171,11 @@ fn table_info(
     let TicketKind::Table { table, .. } = ticket else {
         return Err(Error::WrongCall("not a table ticket"));
     };
-    sql.ticket_info(ticket, &table_schema(*table), descriptor)
+    sql.ticket_info(
+        ticket,
+        &served_schema(sql.engine.catalog().ducklake(), *table),
+        descriptor,
+    )
 }
 
 #[tonic::async_trait]
@@ -282,7 +286,7 @@ impl FlightService for MoraineFlightService {
         };
         let result = table.and_then(|table| {
             SchemaResult::try_from(arrow_flight::SchemaAsIpc::new(
-                &table_schema(table),
+                &served_schema(self.sql.engine.catalog().ducklake(), table),
                 &datafusion::arrow::ipc::writer::IpcWriteOptions::default(),
             ))
             .map_err(|err| Error::Internal {

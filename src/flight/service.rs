@@ -450,7 +450,10 @@ impl FlightSqlService for MoraineSqlService {
         query: CommandGetTables,
         _request: Request<Ticket>,
     ) -> Result<Response<BoxedStream<arrow_flight::FlightData>>, Status> {
-        Ok(Response::new(one_batch(status(metadata::tables(query))?)))
+        Ok(Response::new(one_batch(status(metadata::tables(
+            query,
+            self.engine.catalog().ducklake(),
+        ))?)))
     }
 
     async fn get_flight_info_table_types(

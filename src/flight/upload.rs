@@ -19,6 +19,7 @@ use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use tonic::Status;
 
 use crate::error::{Error, Part, Result};
+use crate::model::DuckLakeVersion;
 use crate::write::Op;
 use crate::write::decode::{MissingColumns, RowDecoder, RowShape};
 
@@ -371,12 +372,13 @@ impl Upload {
         })
     }
 
-    /// The changes the upload's rows make as rows of `shape`, batch by batch as they are
-    /// read, and the tally of what was read. A stream that ends without batches makes no
+    /// The changes the upload's rows make as rows of `shape` in DuckLake `version`, batch by
+    /// batch as they are read, and the tally of what was read. A stream that ends without batches makes no
     /// change, but its schema is still checked, so that a wrong upload is not silently empty.
     pub(crate) fn changes(
         self,
         shape: RowShape,
+        version: DuckLakeVersion,
         missing: MissingColumns,
     ) -> (BoxStream<'static, Result<Vec<Op>>>, Tally) {
         let tally = Tally {
@@ -398,9 +400,11 @@ impl Upload {
                             .unwrap_or_else(PoisonError::into_inner)
                             .clone();
                         return match (decoder, schema) {
-                            (None, Some(schema)) => RowDecoder::new(shape, &schema, missing)
-                                .err()
-                                .map(|err| (Err(err), None)),
+                            (None, Some(schema)) => {
+                                RowDecoder::new(shape, version, &schema, missing)
+                                    .err()
+                                    .map(|err| (Err(err), None))
+                            }
                             _ => None,
                         };
                     }
@@ -408,7 +412,7 @@ impl Upload {
                 };
                 let changes = match &mut decoder {
                     Some(decoder) => decoder.decode(&batch),
-                    None => RowDecoder::new(shape, &batch.schema(), missing)
+                    None => RowDecoder::new(shape, version, &batch.schema(), missing)
                         .and_then(|d| decoder.insert(d).decode(&batch)),
                 };
                 rows.fetch_add(batch.num_rows(), Ordering::Relaxed);

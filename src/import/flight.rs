@@ -30,7 +30,7 @@ use crate::config::FlightImport;
 use crate::error::{Error, Result};
 use crate::export::files::file_error;
 use crate::export::{Manifest, TableReader};
-use crate::model::CatalogTable;
+use crate::model::{CatalogTable, DuckLakeVersion};
 use crate::progress::{Progress, Total};
 
 /// Batches read ahead of the one being committed.
@@ -131,7 +131,7 @@ impl Cursor {
     fn take_run(&mut self, column: usize, value: Option<i64>) -> Result<Vec<RecordBatch>> {
         let mut taken = Vec::new();
         while let Some(rest) = self.current()? {
-            let columns = Columns::new(&rest, self.reader.table().columns())
+            let columns = Columns::new(&rest, self.reader.version().columns(self.reader.table()))
                 .map_err(|err| file_error(self.reader.path(), err))?;
             let n = (0..columns.len())
                 .take_while(|&row| columns.int(column, row) == value)
@@ -158,10 +158,16 @@ impl Cursor {
     }
 }
 
-/// The first and last values of integer `column` of `batch`, as text.
-fn span(batch: &RecordBatch, table: CatalogTable, columns: &[usize]) -> (String, String) {
+/// The first and last values of integer `column` of `batch`, as text; `batch` holds
+/// DuckLake `version`'s columns of `table`.
+fn span(
+    batch: &RecordBatch,
+    table: CatalogTable,
+    version: DuckLakeVersion,
+    columns: &[usize],
+) -> (String, String) {
     let text = |row: usize| -> String {
-        Columns::new(batch, table.columns()).map_or_else(
+        Columns::new(batch, version.columns(table)).map_or_else(
             |_| "?".to_owned(),
             |c| {
                 columns
@@ -196,8 +202,13 @@ impl Batches {
             manifest
                 .file(table)
                 .map(|file| {
-                    TableReader::open(&dir.join(&file.file), table, manifest.file_format)
-                        .map(Cursor::new)
+                    TableReader::open(
+                        &dir.join(&file.file),
+                        table,
+                        manifest.ducklake,
+                        manifest.file_format,
+                    )
+                    .map(Cursor::new)
                 })
                 .transpose()
         };
@@ -298,6 +309,7 @@ impl Batches {
         let (first, last) = span(
             &maps,
             CatalogTable::ColumnMapping,
+            DuckLakeVersion::default(),
             &[column_mapping::TABLE_ID, column_mapping::MAPPING_ID],
         );
         let what = format!(
@@ -327,7 +339,12 @@ impl Batches {
             return Ok(None);
         };
         let count = u64::try_from(rows.num_rows()).unwrap_or(u64::MAX);
-        let (first, last) = span(&rows, CatalogTable::DataFile, &[data_file::DATA_FILE_ID]);
+        let (first, last) = span(
+            &rows,
+            CatalogTable::DataFile,
+            files.reader.version(),
+            &[data_file::DATA_FILE_ID],
+        );
         let what = format!(
             "data files {} to {} (data_file_id {first} to {last})",
             self.files_done + 1,

@@ -7,6 +7,7 @@
 mod ids;
 mod mapping;
 mod rows;
+mod version;
 mod violation;
 
 pub use ids::{ColumnId, DataFileId, FieldId, MappingId, TableId};
@@ -15,4 +16,5 @@ pub use rows::{
     CatalogTable, Cell, CellValue, Column, ColumnMappingRow, DataFileRow, NameMappingRow, SqlType,
     commit_upload_columns, mapping_load_columns,
 };
+pub use version::DuckLakeVersion;
 pub use violation::{ValidationError, Violation};

@@ -245,7 +245,10 @@ catalog_row! {
 }
 
 catalog_row! {
-    /// A `ducklake_data_file` row (DuckLake 0.3's sixteen columns).
+    /// A `ducklake_data_file` row as moraine stores it: DuckLake 0.3's sixteen columns, then
+    /// the two later versions added (`partial_max` from 1.0 on, `row_group_count` from 1.1).
+    /// Each deployment serves its DuckLake version's columns of it, in that version's order
+    /// ([`DuckLakeVersion`](super::DuckLakeVersion)).
     DataFileRow {
         /// `data_file_id`, the primary key.
         data_file_id: i64, not null;
@@ -279,6 +282,10 @@ catalog_row! {
         partial_file_info: String;
         /// `mapping_id`: NULL for files DuckLake wrote itself.
         mapping_id: i64;
+        /// `partial_max` (DuckLake 1.0 on; 0.3 kept it in `partial_file_info`'s text).
+        partial_max: i64;
+        /// `row_group_count` (DuckLake 1.1 on).
+        row_group_count: i64;
     }
 }
 
@@ -322,6 +329,29 @@ pub fn commit_upload_columns() -> &'static [Column] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::DuckLakeVersion;
+
+    /// DuckLake 1.0's and 1.1's `ducklake_data_file` (from its metadata manager on the v1.5
+    /// and main branches; the other two tables are 0.3's).
+    const DATA_FILE_DDL: [(DuckLakeVersion, &str); 2] = [
+        (
+            DuckLakeVersion::V1_0,
+            "CREATE TABLE ducklake_data_file(data_file_id BIGINT PRIMARY KEY, table_id BIGINT,
+            begin_snapshot BIGINT, end_snapshot BIGINT, file_order BIGINT, path VARCHAR,
+            path_is_relative BOOLEAN, file_format VARCHAR, record_count BIGINT,
+            file_size_bytes BIGINT, footer_size BIGINT, row_id_start BIGINT, partition_id BIGINT,
+            encryption_key VARCHAR, mapping_id BIGINT, partial_max BIGINT);",
+        ),
+        (
+            DuckLakeVersion::V1_1,
+            "CREATE TABLE ducklake_data_file(data_file_id BIGINT PRIMARY KEY, table_id BIGINT,
+            begin_snapshot BIGINT, end_snapshot BIGINT, file_order BIGINT, path VARCHAR,
+            path_is_relative BOOLEAN, file_format VARCHAR, record_count BIGINT,
+            file_size_bytes BIGINT, footer_size BIGINT, row_id_start BIGINT, partition_id BIGINT,
+            encryption_key VARCHAR, mapping_id BIGINT, partial_max BIGINT,
+            row_group_count BIGINT);",
+        ),
+    ];
 
     /// DuckLake's DDL for the three tables (DuckLake 0.3, as its SQL catalogs create them).
     const DUCKLAKE_DDL: &str = "
@@ -337,10 +367,9 @@ mod tests {
     /// `(column, type, primary key)`.
     type DdlColumn = (String, String, bool);
 
-    /// `(table, columns)` of the DDL above.
-    fn ddl() -> Vec<(String, Vec<DdlColumn>)> {
-        DUCKLAKE_DDL
-            .split(';')
+    /// `(table, columns)` of DDL `text`.
+    fn ddl(text: &str) -> Vec<(String, Vec<DdlColumn>)> {
+        text.split(';')
             .filter_map(|statement| {
                 let statement = statement.trim().strip_prefix("CREATE TABLE ")?;
                 let (table, body) = statement.split_once('(')?;
@@ -363,16 +392,32 @@ mod tests {
 
     #[test]
     fn each_table_is_ducklakes_ddl_column_for_column() {
-        let ddl = ddl();
-        assert_eq!(ddl.len(), 3);
-        for (name, columns) in ddl {
-            let table = CatalogTable::from_name(&name).expect("a served table");
-            let ours: Vec<(String, String, bool)> = table
-                .columns()
+        let served = |version: DuckLakeVersion, table: CatalogTable| -> Vec<DdlColumn> {
+            version
+                .columns(table)
                 .iter()
                 .map(|c| (c.name.to_owned(), c.ty.to_string(), !c.nullable))
-                .collect();
-            assert_eq!(ours, columns, "{name}");
+                .collect()
+        };
+        let tables = ddl(DUCKLAKE_DDL);
+        assert_eq!(tables.len(), 3);
+        for (name, columns) in tables {
+            let table = CatalogTable::from_name(&name).expect("a served table");
+            assert_eq!(served(DuckLakeVersion::V0_3, table), columns, "{name}");
+            if table != CatalogTable::DataFile {
+                for version in DuckLakeVersion::ALL {
+                    assert_eq!(served(version, table), columns, "{name} in {version}");
+                }
+            }
+        }
+        for (version, text) in DATA_FILE_DDL {
+            let [(name, columns)] = <[_; 1]>::try_from(ddl(text)).expect("one table");
+            assert_eq!(name, "ducklake_data_file");
+            assert_eq!(
+                served(version, CatalogTable::DataFile),
+                columns,
+                "{version}"
+            );
         }
     }
 
@@ -413,7 +458,7 @@ mod tests {
             ]
         );
         let upload = commit_upload_columns();
-        assert_eq!(upload.len(), 8 + 14);
+        assert_eq!(upload.len(), 8 + 16, "every version's data file columns");
         assert!(upload.iter().all(|c| c.nullable));
     }
 }

@@ -58,10 +58,10 @@ enum Action {
     EndDataFiles,
     /// Refused when staged, with this change's violation.
     Refused(Op),
-    /// The rows are the source query's; its columns go to the named columns, or all of the
-    /// table's, in order.
+    /// The rows are the source query's; its columns go to the named columns, or (`None`)
+    /// all of the table's in the deployment's DuckLake version, in order.
     Insert {
-        columns: Vec<String>,
+        columns: Option<Vec<String>>,
     },
 }
 
@@ -247,12 +247,7 @@ fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
     let Some(source) = &insert.source else {
         return Err(invalid(format!("INSERT into {table} has no rows")));
     };
-    let columns: Vec<String> = if insert.columns.is_empty() {
-        RowShape::Table(table)
-            .column_names()
-            .map(str::to_owned)
-            .collect()
-    } else {
+    let columns: Option<Vec<String>> = (!insert.columns.is_empty()).then(|| {
         insert
             .columns
             .iter()
@@ -262,7 +257,7 @@ fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
                     .map_or_else(|| c.to_string(), |i| i.value.clone())
             })
             .collect()
-    };
+    });
     Ok(WriteStatement {
         table,
         action: Action::Insert { columns },
@@ -310,6 +305,14 @@ impl QueryEngine {
             .map_err(from_datafusion)?;
         let rows = match (&write.action, plan) {
             (Action::Insert { columns }, source) => {
+                let columns = columns.clone().unwrap_or_else(|| {
+                    self.catalog()
+                        .ducklake()
+                        .columns(write.table)
+                        .iter()
+                        .map(|c| c.name.to_owned())
+                        .collect()
+                });
                 let given = source.schema().columns();
                 if given.len() != columns.len() {
                     return Err(invalid(format!(
@@ -517,6 +520,7 @@ impl QueryEngine {
                         Some(decoder) => decoder,
                         None => decoder.insert(RowDecoder::new(
                             RowShape::Table(write.table),
+                            self.catalog().ducklake(),
                             &batch.schema(),
                             MissingColumns::Null,
                         )?),

@@ -223,7 +223,7 @@ impl QueryEngine {
             .with_information_schema(false);
         let schema = MemorySchemaProvider::new();
         for table in CatalogTable::ALL {
-            let provider = Arc::new(CatalogTableProvider::new(table, fast));
+            let provider = Arc::new(CatalogTableProvider::new(table, catalog.ducklake(), fast));
             let _ = datafusion::catalog::SchemaProvider::register_table(
                 &schema,
                 table.name().to_owned(),
@@ -564,7 +564,10 @@ impl QueryEngine {
                 tables: Some(ids),
             },
             arrow::Keep::default(),
-            None,
+            self.catalog
+                .ducklake()
+                .positions(table)
+                .map(<[usize]>::to_vec),
             1,
             None,
         )

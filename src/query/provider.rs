@@ -14,24 +14,44 @@ use super::FastPaths;
 use super::arrow::{Keep, Shape};
 use super::pushdown::{IdSet, KeyConstraints, constraint};
 use super::scan::{Access, CatalogScanExec};
-use crate::batch::table_schema;
+use crate::batch::served_schema;
 use crate::catalog::CatalogSnapshot;
 use crate::codec::Kind;
-use crate::model::{CatalogTable, TableId};
+use crate::model::{CatalogTable, DuckLakeVersion, TableId};
 
 /// A catalog table as DataFusion sees it: DuckLake's schema, key filters pushed into the scan.
 /// One provider serves every query; each scan reads the snapshot its query carries.
 #[derive(Debug)]
 pub struct CatalogTableProvider {
     table: CatalogTable,
+    version: DuckLakeVersion,
     fast: FastPaths,
 }
 
 impl CatalogTableProvider {
-    /// `table`, with the fast paths `fast`.
+    /// `table` as DuckLake `version` defines it, with the fast paths `fast`.
     #[must_use]
-    pub fn new(table: CatalogTable, fast: FastPaths) -> Self {
-        Self { table, fast }
+    pub fn new(table: CatalogTable, version: DuckLakeVersion, fast: FastPaths) -> Self {
+        Self {
+            table,
+            version,
+            fast,
+        }
+    }
+
+    /// The stored columns (positions in `table.columns()`) of a projection of the served
+    /// schema: the served columns when `projection` is `None`.
+    fn stored(&self, projection: Option<&Vec<usize>>) -> Option<Vec<usize>> {
+        match (projection, self.version.positions(self.table)) {
+            (projection, None) => projection.cloned(),
+            (None, Some(positions)) => Some(positions.to_vec()),
+            (Some(projection), Some(positions)) => Some(
+                projection
+                    .iter()
+                    .filter_map(|i| positions.get(*i).copied())
+                    .collect(),
+            ),
+        }
     }
 }
 
@@ -67,7 +87,7 @@ pub(super) fn table_ranges(
 #[async_trait]
 impl TableProvider for CatalogTableProvider {
     fn schema(&self) -> SchemaRef {
-        table_schema(self.table)
+        served_schema(self.version, self.table)
     }
 
     fn table_type(&self) -> TableType {
@@ -127,7 +147,7 @@ impl TableProvider for CatalogTableProvider {
             snapshot,
             access,
             keep,
-            projection.cloned(),
+            self.stored(projection),
             if self.fast.partitions {
                 state.config().target_partitions()
             } else {

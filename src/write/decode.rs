@@ -19,7 +19,8 @@ use super::{Insert, Op};
 use crate::batch::{Columns, arrow_type, nullable_schema_of};
 use crate::error::{Error, Result};
 use crate::model::{
-    CatalogTable, Column, DataFileRow, SqlType, commit_upload_columns, mapping_load_columns,
+    CatalogTable, Column, DataFileRow, DuckLakeVersion, SqlType, commit_upload_columns,
+    mapping_load_columns,
 };
 
 /// What a stream of rows is in: one of the catalog tables, rows in the shape of DuckLake's
@@ -63,6 +64,32 @@ impl RowShape {
         self.columns().iter().map(|c| c.name)
     }
 
+    /// Whether a stream of this shape in DuckLake `version` may carry column `column` (one
+    /// of [`columns`](Self::columns)): every column but the data file's of other versions.
+    #[must_use]
+    pub fn serves(self, version: DuckLakeVersion, column: &Column) -> bool {
+        match self {
+            RowShape::Table(CatalogTable::DataFile) | RowShape::Commit => {
+                version.has_data_file_column(column.name)
+            }
+            RowShape::Table(_) | RowShape::MappingLoad => true,
+        }
+    }
+
+    /// The names of the columns a stream of this shape carries in DuckLake `version`.
+    fn served_names(self, version: DuckLakeVersion) -> String {
+        let columns: Vec<&str> = match self {
+            RowShape::Table(table) => version.columns(table).iter().map(|c| c.name).collect(),
+            _ => self
+                .columns()
+                .iter()
+                .filter(|c| self.serves(version, c))
+                .map(|c| c.name)
+                .collect(),
+        };
+        columns.join(", ")
+    }
+
     fn describe(self) -> String {
         match self {
             RowShape::Table(table) => table.name().to_owned(),
@@ -89,27 +116,48 @@ fn bad(reason: String) -> Error {
 }
 
 impl RowDecoder {
-    /// A decoder of streams with `schema` into `shape`.
+    /// A decoder of streams with `schema` into `shape`, as DuckLake `version` shapes it.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] naming the column, for a column the shape does not have, a
-    /// column of a type that does not convert, a column twice, or (with
+    /// [`Error::InvalidRequest`] naming the column, for a column the shape does not have
+    /// (naming the DuckLake version that has it, for a data file column of another version),
+    /// a column of a type that does not convert, a column twice, or (with
     /// [`MissingColumns::Refuse`]) a column the stream lacks.
-    pub fn new(shape: RowShape, schema: &Schema, missing: MissingColumns) -> Result<Self> {
+    pub fn new(
+        shape: RowShape,
+        version: DuckLakeVersion,
+        schema: &Schema,
+        missing: MissingColumns,
+    ) -> Result<Self> {
         let what = shape.describe();
         let columns = shape.columns();
         let mut sources = vec![None; columns.len()];
         for (position, field) in schema.fields().iter().enumerate() {
-            let Some(index) = columns.iter().position(|c| c.name == field.name()) else {
+            let found = columns.iter().position(|c| c.name == field.name());
+            if let Some(column) = found.and_then(|i| columns.get(i))
+                && !shape.serves(version, column)
+            {
+                let other = version
+                    .other_with_data_file_column(column.name)
+                    .map_or_else(String::new, |v| format!("DuckLake {v}'s "));
+                return Err(bad(format!(
+                    "column {} is {other}ducklake_data_file column; this deployment serves \
+                     DuckLake {version}'s catalog, whose {what} has the columns {}",
+                    column.name,
+                    shape.served_names(version)
+                )));
+            }
+            let Some(index) = found else {
                 let hint = columns
                     .iter()
+                    .filter(|c| shape.serves(version, c))
                     .find(|c| c.name.eq_ignore_ascii_case(field.name()))
                     .map(|c| format!(" (did you mean {}?)", c.name))
                     .unwrap_or_default();
                 return Err(bad(format!(
                     "column {} is not a column of {what}{hint}; its columns are {}",
                     field.name(),
-                    shape.column_names().collect::<Vec<_>>().join(", ")
+                    shape.served_names(version)
                 )));
             };
             let Some(slot) = sources.get_mut(index) else {
@@ -139,12 +187,17 @@ impl RowDecoder {
             let absent: Vec<&str> = columns
                 .iter()
                 .zip(&sources)
-                .filter(|(_, source)| source.is_none())
+                .filter(|(c, source)| source.is_none() && shape.serves(version, c))
                 .map(|(c, _)| c.name)
                 .collect();
             if !absent.is_empty() {
+                let served = if shape == RowShape::Table(CatalogTable::DataFile) {
+                    format!(" in DuckLake {version}, the version this deployment serves")
+                } else {
+                    String::new()
+                };
                 return Err(bad(format!(
-                    "the stream lacks column{} {} of {what}",
+                    "the stream lacks column{} {} of {what}{served}",
                     if absent.len() == 1 { "" } else { "s" },
                     absent.join(", ")
                 )));
@@ -359,6 +412,8 @@ fn accepted(ty: SqlType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const V03: DuckLakeVersion = DuckLakeVersion::V0_3;
     use crate::model::{ColumnMappingRow, NameMappingRow};
     use datafusion::arrow::array::{Int32Array, Int64Array, NullArray, StringArray, UInt64Array};
     use datafusion::arrow::datatypes::Field;
@@ -382,6 +437,7 @@ mod tests {
         ]);
         let mut decoder = RowDecoder::new(
             RowShape::Table(CatalogTable::ColumnMapping),
+            V03,
             &b.schema(),
             MissingColumns::Refuse,
         )
@@ -411,18 +467,19 @@ mod tests {
             Field::new("table_id", DataType::Int64, true),
             Field::new("type", DataType::Utf8, true),
         ]);
-        let err = RowDecoder::new(shape, &wrong, MissingColumns::Refuse).expect_err("float");
+        let err = RowDecoder::new(shape, V03, &wrong, MissingColumns::Refuse).expect_err("float");
         assert!(err.to_string().contains("column mapping_id"), "{err}");
         assert!(err.to_string().contains("Float64"), "{err}");
 
         let unknown = Schema::new(vec![Field::new("Mapping_ID", DataType::Int64, true)]);
-        let err = RowDecoder::new(shape, &unknown, MissingColumns::Null).expect_err("unknown");
+        let err = RowDecoder::new(shape, V03, &unknown, MissingColumns::Null).expect_err("unknown");
         assert!(err.to_string().contains("did you mean mapping_id"), "{err}");
 
         let partial = Schema::new(vec![Field::new("mapping_id", DataType::Int64, true)]);
-        let err = RowDecoder::new(shape, &partial, MissingColumns::Refuse).expect_err("missing");
+        let err =
+            RowDecoder::new(shape, V03, &partial, MissingColumns::Refuse).expect_err("missing");
         assert!(err.to_string().contains("table_id, type"), "{err}");
-        assert!(RowDecoder::new(shape, &partial, MissingColumns::Null).is_ok());
+        assert!(RowDecoder::new(shape, V03, &partial, MissingColumns::Null).is_ok());
     }
 
     #[test]
@@ -437,6 +494,7 @@ mod tests {
         ]);
         let mut decoder = RowDecoder::new(
             RowShape::Table(CatalogTable::ColumnMapping),
+            V03,
             &b.schema(),
             MissingColumns::Refuse,
         )
@@ -470,9 +528,13 @@ mod tests {
                 Arc::new(datafusion::arrow::array::BooleanArray::from(vec![false; 3])),
             ),
         ]);
-        let mut decoder =
-            RowDecoder::new(RowShape::MappingLoad, &b.schema(), MissingColumns::Refuse)
-                .expect("schema accepted");
+        let mut decoder = RowDecoder::new(
+            RowShape::MappingLoad,
+            V03,
+            &b.schema(),
+            MissingColumns::Refuse,
+        )
+        .expect("schema accepted");
         let ops = decoder.decode(&b).expect("decoded");
         assert_eq!(
             ops,
@@ -545,6 +607,7 @@ mod tests {
         ]);
         let mut decoder = RowDecoder::new(
             RowShape::MappingLoad,
+            V03,
             &clash.schema(),
             MissingColumns::Refuse,
         )

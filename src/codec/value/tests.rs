@@ -52,6 +52,8 @@ fn sample_data_file() -> DataFileRow {
         encryption_key: None,
         partial_file_info: None,
         mapping_id: Some(0),
+        partial_max: None,
+        row_group_count: None,
     }
 }
 
@@ -196,9 +198,9 @@ fn any_data_file() -> impl Strategy<Value = DataFileRow> {
             of(".{0,8}"),
             of(".{0,8}"),
         ),
-        of(any::<i64>()),
+        (of(any::<i64>()), of(any::<i64>()), of(any::<i64>())),
     )
-        .prop_map(|(a, b, c, mapping_id)| DataFileRow {
+        .prop_map(|(a, b, c, d)| DataFileRow {
             data_file_id: Some(a.0),
             table_id: Some(a.1),
             begin_snapshot: a.2,
@@ -214,7 +216,9 @@ fn any_data_file() -> impl Strategy<Value = DataFileRow> {
             partition_id: c.2,
             encryption_key: c.3,
             partial_file_info: c.4,
-            mapping_id,
+            mapping_id: d.0,
+            partial_max: d.1,
+            row_group_count: d.2,
         })
 }
 
@@ -256,6 +260,8 @@ fn wire_data_file(file: &DataFileRow) -> crate::codec::wire::DataFileValue {
         encryption_key: file.encryption_key.clone(),
         partial_file_info: file.partial_file_info.clone(),
         mapping_id: file.mapping_id,
+        partial_max: file.partial_max,
+        row_group_count: file.row_group_count,
     }
 }
 
