@@ -191,11 +191,11 @@ async fn moraine(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output 
     .expect("joined")
 }
 
-fn stderr(output: &Output) -> String {
+pub(crate) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-fn succeeded(output: &Output, what: &str) {
+pub(crate) fn succeeded(output: &Output, what: &str) {
     assert!(
         output.status.success(),
         "{what} failed: {}\n{}",
@@ -213,20 +213,20 @@ fn path(p: &Path) -> String {
 }
 
 /// `moraine export --server URI --out DIR EXTRA…`.
-async fn export(uri: &str, out: &Path, extra: &[&str]) -> Output {
+pub(crate) async fn export(uri: &str, out: &Path, extra: &[&str]) -> Output {
     let mut list = args(&["export", "--server", uri, "--out", &path(out)]);
     list.extend(args(extra));
     moraine(list, Vec::new()).await
 }
 
 /// `moraine import --server URI --from DIR EXTRA…`.
-async fn import(uri: &str, from: &Path, extra: &[&str]) -> Output {
+pub(crate) async fn import(uri: &str, from: &Path, extra: &[&str]) -> Output {
     let mut list = args(&["import", "--server", uri, "--from", &path(from)]);
     list.extend(args(extra));
     moraine(list, Vec::new()).await
 }
 
-fn manifest(dir: &Path) -> Manifest {
+pub(crate) fn manifest(dir: &Path) -> Manifest {
     Manifest::read(dir).expect("a manifest")
 }
 

@@ -56,6 +56,11 @@ impl Fixture {
         }
     }
 
+    /// The server's URI, as `moraine export --server` takes it.
+    pub fn server_uri(&self) -> String {
+        format!("grpc://{}", self.server.addr())
+    }
+
     pub async fn channel(&self) -> Channel {
         Channel::from_shared(format!("http://{}", self.server.addr()))
             .expect("uri")
@@ -82,7 +87,7 @@ async fn fetch(fixture: &Fixture, info: &FlightInfo) -> Vec<RecordBatch> {
     batches
 }
 
-async fn query(fixture: &Fixture, sql: &str) -> (Schema, Vec<RecordBatch>) {
+pub async fn query(fixture: &Fixture, sql: &str) -> (Schema, Vec<RecordBatch>) {
     let mut client = fixture.client().await;
     let info = client.execute(sql.to_owned(), None).await.expect("execute");
     let schema = info.clone().try_decode_schema().expect("schema");

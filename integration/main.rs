@@ -7,6 +7,7 @@
 //! - [`write_path`]: the staged write path (fold, validation, deletes, commit) on every backend.
 //! - [`flight_sql`], [`flight_writes`]: the Flight SQL server over real gRPC, reads and writes.
 //! - [`auth`]: logins, tokens, roles, per-session isolation and TLS over real gRPC.
+//! - [`ducklake_versions`]: DuckLake 0.3, 1.0 and 1.1 deployments, their data-file shapes.
 //! - [`export`]: `moraine export` and `moraine import --from`, the binary against servers
 //!   over real gRPC.
 
@@ -18,6 +19,7 @@
 mod auth;
 mod conformance;
 mod ducklake_fixture;
+mod ducklake_versions;
 mod endpoints;
 mod export;
 #[cfg(feature = "tikv")]
