@@ -141,8 +141,9 @@ impl RowDecoder {
                     .other_with_data_file_column(column.name)
                     .map_or_else(String::new, |v| format!("DuckLake {v}'s "));
                 return Err(bad(format!(
-                    "column {} is {other}ducklake_data_file column; this deployment serves \
-                     DuckLake {version}'s catalog, whose {what} has the columns {}",
+                    "column {} is a column of {other}ducklake_data_file, not of DuckLake \
+                     {version}'s, the version this deployment serves; the columns of {what} \
+                     in DuckLake {version} are {}",
                     column.name,
                     shape.served_names(version)
                 )));
@@ -412,11 +413,11 @@ fn accepted(ty: SqlType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const V03: DuckLakeVersion = DuckLakeVersion::V0_3;
     use crate::model::{ColumnMappingRow, NameMappingRow};
     use datafusion::arrow::array::{Int32Array, Int64Array, NullArray, StringArray, UInt64Array};
     use datafusion::arrow::datatypes::Field;
+
+    const V03: DuckLakeVersion = DuckLakeVersion::V0_3;
 
     fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
         RecordBatch::try_from_iter(columns).expect("batch")
@@ -614,5 +615,50 @@ mod tests {
         .expect("schema accepted");
         let err = decoder.decode(&clash).expect_err("disagreeing rows");
         assert!(err.to_string().contains("mapping 5"), "{err}");
+    }
+
+    #[test]
+    fn commit_uploads_carry_the_data_file_columns_of_the_served_version() {
+        let b = batch(vec![
+            (
+                "data_file_id",
+                Arc::new(Int64Array::from(vec![3])) as ArrayRef,
+            ),
+            ("table_id", Arc::new(Int64Array::from(vec![1]))),
+            ("partial_max", Arc::new(Int64Array::from(vec![17]))),
+            ("row_group_count", Arc::new(Int32Array::from(vec![2]))),
+        ]);
+        let mut decoder = RowDecoder::new(
+            RowShape::Commit,
+            DuckLakeVersion::V1_1,
+            &b.schema(),
+            MissingColumns::Null,
+        )
+        .expect("1.1's columns");
+        assert_eq!(
+            decoder.decode(&b).expect("decoded"),
+            vec![Op::Insert(Insert::data_files(&[DataFileRow {
+                data_file_id: Some(3),
+                table_id: Some(1),
+                partial_max: Some(17),
+                row_group_count: Some(2),
+                ..DataFileRow::default()
+            }]))]
+        );
+        for version in [DuckLakeVersion::V0_3, DuckLakeVersion::V1_0] {
+            let err = RowDecoder::new(RowShape::Commit, version, &b.schema(), MissingColumns::Null)
+                .expect_err("a later version's column");
+            let message = err.to_string();
+            let named = if version == DuckLakeVersion::V0_3 {
+                "column partial_max is a column of DuckLake 1.0's"
+            } else {
+                "column row_group_count is a column of DuckLake 1.1's"
+            };
+            assert!(message.contains(named), "{version}: {message}");
+            assert!(
+                message.contains(&format!("DuckLake {version}")),
+                "{message}"
+            );
+        }
     }
 }
