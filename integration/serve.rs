@@ -87,3 +87,25 @@ async fn an_unreachable_pd_is_a_clear_error() {
         assert!(matches!(err, Error::Config { setting: "pd", .. }), "{err}");
     }
 }
+
+#[test]
+fn ducklake_versions_parse_as_ducklake_spells_them_and_others_are_refused() {
+    let parse = |version: &str| {
+        Cli::try_parse_from(["moraine", "serve", "--ducklake-version", version]).map(
+            |cli| match cli.command {
+                Command::Serve(config) => config.ducklake_version,
+                other => panic!("parsed as {other:?}"),
+            },
+        )
+    };
+    use moraine::model::DuckLakeVersion;
+    assert_eq!(parse("0.3").ok(), Some(Some(DuckLakeVersion::V0_3)));
+    assert_eq!(parse("0.4").ok(), Some(Some(DuckLakeVersion::V1_0)));
+    assert_eq!(parse("1.1-dev1").ok(), Some(Some(DuckLakeVersion::V1_1)));
+    let err = parse("2.0").expect_err("an unknown version");
+    let message = err.to_string();
+    assert!(
+        message.contains("DuckLake 2.0") && message.contains("0.3, 1.0, 1.1"),
+        "{message}"
+    );
+}
