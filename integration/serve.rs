@@ -3,6 +3,7 @@
 use clap::Parser as _;
 use moraine::Error;
 use moraine::config::{Cli, Command, ServeConfig};
+use moraine::model::DuckLakeVersion;
 
 fn config(pd: &[String], key_prefix: &str) -> ServeConfig {
     let data = tempfile::tempdir().expect("dir").path().join("unused");
@@ -98,7 +99,6 @@ fn ducklake_versions_parse_as_ducklake_spells_them_and_others_are_refused() {
             },
         )
     };
-    use moraine::model::DuckLakeVersion;
     assert_eq!(parse("0.3").ok(), Some(Some(DuckLakeVersion::V0_3)));
     assert_eq!(parse("0.4").ok(), Some(Some(DuckLakeVersion::V1_0)));
     assert_eq!(parse("1.1-dev1").ok(), Some(Some(DuckLakeVersion::V1_1)));
