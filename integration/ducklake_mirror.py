@@ -6,8 +6,12 @@ DuckLake keeps three catalog tables for Parquet it did not write itself
 `ducklake_data_file`. This client copies them from a DuckLake catalog, kept in a DuckDB file or
 in PostgreSQL, into a moraine server, one moraine transaction per DuckLake commit, through the
 ADBC Flight SQL driver: inserts with `adbc_ingest`, retirements and deletes with DuckLake's own
-statement shapes. Nothing else of the catalog is copied. It mirrors DuckLake catalog version
-0.3 (what DuckDB 1.4's DuckLake writes) and refuses any other, naming it.
+statement shapes. Nothing else of the catalog is copied. It mirrors DuckLake catalog versions
+0.3 (what DuckDB 1.4's DuckLake writes), 0.4 and 1.0 (DuckDB 1.5's) and 1.1-dev1 (DuckLake's main
+branch), whose `ducklake_data_file` columns differ (`VERSIONS`), and refuses any other, naming it.
+A moraine deployment serves one version's columns (`moraine serve --ducklake-version`); the
+mirror stages a catalog only into a server that serves the catalog's version, and otherwise
+stops before staging anything, naming both.
 
 Command line (needs `adbc-driver-flightsql` and `pyarrow`; for a DuckDB file `duckdb`, read as
 a plain DuckDB database, and for PostgreSQL `adbc-driver-postgresql`, a libpq client; never
@@ -96,6 +100,11 @@ the way DuckLake's own reader finds what is new:
 * Checks. Affected-row counts of every retirement and delete are compared with what the plan
   expects, and a catalog that changes rows in ways DuckLake never does (a retired file revived,
   part of a table's mappings deleted) stops the mirror with a `MirrorError` rather than a guess.
+* Versions. The catalog's `ducklake_metadata` `version`, read in each sync's transaction,
+  decides the `ducklake_data_file` columns read and staged (`DATA_FILE_COLUMNS`, in the
+  version's order). Before planning, each sync reads the columns moraine serves (`SELECT *
+  FROM ducklake_data_file LIMIT 0`); another version's stop it with a `MirrorError` naming
+  both, before anything is staged.
 
 Rows travel verbatim: moraine's copies of the three tables equal the catalog's (name-mapping
 rows that lost their mapping are the one exception: moraine stores a mapping's name rows inside
@@ -126,7 +135,44 @@ DATA_FILE = "ducklake_data_file"
 
 _I, _S, _B = pa.int64(), pa.utf8(), pa.bool_()
 
-# The three tables exactly as DuckLake declares them (DuckLake spec 0.3).
+# `ducklake_data_file`'s first fourteen columns, the same in every catalog version.
+_DATA_FILE_HEAD: List[Tuple[str, pa.DataType]] = [
+    ("data_file_id", _I),
+    ("table_id", _I),
+    ("begin_snapshot", _I),
+    ("end_snapshot", _I),
+    ("file_order", _I),
+    ("path", _S),
+    ("path_is_relative", _B),
+    ("file_format", _S),
+    ("record_count", _I),
+    ("file_size_bytes", _I),
+    ("footer_size", _I),
+    ("row_id_start", _I),
+    ("partition_id", _I),
+    ("encryption_key", _S),
+]
+
+# `ducklake_data_file`'s columns in each DuckLake catalog version moraine serves, in the
+# version's order (DuckLake's metadata manager: its CREATE TABLE for 0.3; MigrateV03, 0.3 to
+# 0.4, appends `partial_max` and drops `partial_file_info`; MigrateV04, 0.4 to 1.0, changes
+# only the version; MigrateV10, 1.0 to 1.1-dev1, appends `row_group_count`). The other two
+# tables are the same in all of them.
+DATA_FILE_COLUMNS: Dict[str, List[Tuple[str, pa.DataType]]] = {
+    "0.3": _DATA_FILE_HEAD + [("partial_file_info", _S), ("mapping_id", _I)],
+    "1.0": _DATA_FILE_HEAD + [("mapping_id", _I), ("partial_max", _I)],
+    "1.1": _DATA_FILE_HEAD + [("mapping_id", _I), ("partial_max", _I),
+                              ("row_group_count", _I)],
+}
+
+# The catalog versions the mirror reads, as `ducklake_metadata`'s `version` key spells them,
+# and the version (of DATA_FILE_COLUMNS, and of `moraine serve --ducklake-version`) whose
+# tables each has: 0.4 is 1.0's pre-release with the same tables, 1.1-dev1 is 1.1's.
+VERSIONS: Dict[str, str] = {"0.3": "0.3", "0.4": "1.0", "1.0": "1.0", "1.1-dev1": "1.1",
+                            "1.1": "1.1"}
+
+# The three tables exactly as DuckLake declares them; `ducklake_data_file` as in version 0.3
+# (`columns()` gives another version's).
 COLUMNS: Dict[str, List[Tuple[str, pa.DataType]]] = {
     COLUMN_MAPPING: [("mapping_id", _I), ("table_id", _I), ("type", _S)],
     NAME_MAPPING: [
@@ -137,24 +183,7 @@ COLUMNS: Dict[str, List[Tuple[str, pa.DataType]]] = {
         ("parent_column", _I),
         ("is_partition", _B),
     ],
-    DATA_FILE: [
-        ("data_file_id", _I),
-        ("table_id", _I),
-        ("begin_snapshot", _I),
-        ("end_snapshot", _I),
-        ("file_order", _I),
-        ("path", _S),
-        ("path_is_relative", _B),
-        ("file_format", _S),
-        ("record_count", _I),
-        ("file_size_bytes", _I),
-        ("footer_size", _I),
-        ("row_id_start", _I),
-        ("partition_id", _I),
-        ("encryption_key", _S),
-        ("partial_file_info", _S),
-        ("mapping_id", _I),
-    ],
+    DATA_FILE: DATA_FILE_COLUMNS["0.3"],
 }
 
 # DuckLake's own statement shapes.
@@ -170,14 +199,29 @@ SWEEP_NAMES = ("DELETE FROM ducklake_name_mapping tbl WHERE NOT EXISTS "
 Row = Tuple[Any, ...]
 
 
-def column_names(table: str) -> List[str]:
-    return [name for name, _ in COLUMNS[table]]
+def columns(table: str, version: str = "0.3") -> List[Tuple[str, pa.DataType]]:
+    """`table`'s (name, type) columns in DuckLake catalog version `version` (a key of
+    VERSIONS), in DuckLake's order."""
+    if table == DATA_FILE:
+        return DATA_FILE_COLUMNS[VERSIONS[version]]
+    return COLUMNS[table]
 
 
+def column_names(table: str, version: str = "0.3") -> List[str]:
+    return [name for name, _ in columns(table, version)]
+
+
+# Positions in a data-file row of the columns the plan reads: the same in every version
+# (mapping_id's moves, so it is looked up per version: `_file_mapping`).
 _END = column_names(DATA_FILE).index("end_snapshot")
 _BEGIN = column_names(DATA_FILE).index("begin_snapshot")
-_FILE_MAPPING = column_names(DATA_FILE).index("mapping_id")
 _FILE_TABLE = column_names(DATA_FILE).index("table_id")
+assert all(column_names(DATA_FILE, v)[:_END + 1] == column_names(DATA_FILE)[:_END + 1]
+           for v in VERSIONS)
+
+
+def _file_mapping(version: str) -> int:
+    return column_names(DATA_FILE, version).index("mapping_id")
 
 
 class MirrorError(Exception):
@@ -215,6 +259,7 @@ class Held:
 class CatalogRead:
     """What one read of the DuckLake catalog returns (one read transaction)."""
 
+    version: str  # ducklake_metadata's `version`, as the catalog spells it (a key of VERSIONS)
     snapshots: List[Tuple[int, int]]  # (snapshot_id, next_file_id), ascending
     # Every mapping_id in the catalog -> its table_id, and every data_file_id; read only when
     # the catalog's count of rows below the file cursor differs from moraine's (something
@@ -223,7 +268,9 @@ class CatalogRead:
     file_ids: Optional[Set[int]]
     mappings: List[Row]  # ducklake_column_mapping rows with mapping_id >= the file cursor
     names: List[Row]  # their ducklake_name_mapping rows
-    files: List[Row]  # data files with id >= the file cursor or end_snapshot > snapshot cursor
+    # Data files with id >= the file cursor or end_snapshot > snapshot cursor, with the
+    # columns of the catalog's version (`column_names(DATA_FILE, version)`), in its order.
+    files: List[Row]
     dropped_tables: Dict[int, int]  # table_id -> the snapshot after the cursor that dropped it
 
     @property
@@ -231,9 +278,8 @@ class CatalogRead:
         return self.mapping_tables is not None
 
 
-# The DuckLake catalog versions whose three tables moraine serves (DuckLake 0.3's shape:
-# `ducklake_data_file.partial_file_info`; 0.4 replaced it by `partial_max`).
-SUPPORTED_VERSIONS = ("0.3",)
+# The DuckLake catalog versions the mirror reads, as catalogs spell them.
+SUPPORTED_VERSIONS = tuple(VERSIONS)
 
 
 class Catalog:
@@ -257,12 +303,12 @@ class Catalog:
         DuckLake draws every id from its snapshot's `next_file_id` when it commits, so rows
         below the cursor are only ever removed, never added: equal counts mean nothing was."""
         t = self._table
-        cols = lambda table: ", ".join(column_names(table))  # noqa: E731
         file_cursor, snapshot_cursor = held.file_cursor, held.snapshot_cursor
         with self._transaction() as q:
             versions = [v for (v,) in q(
                 f"SELECT value FROM {t('ducklake_metadata')} WHERE key = 'version'")]
-            check_version(versions)
+            version = check_version(versions)
+            cols = lambda table: ", ".join(column_names(table, version))  # noqa: E731
             snapshots = [tuple(r) for r in q(
                 f"SELECT snapshot_id, next_file_id FROM {t('ducklake_snapshot')} "
                 "WHERE next_file_id > ? ORDER BY snapshot_id", [file_cursor])]
@@ -290,19 +336,52 @@ class Catalog:
             dropped = {tb: s for tb, s in q(
                 f"SELECT table_id, end_snapshot FROM {t('ducklake_table')} "
                 "WHERE end_snapshot > ?", [snapshot_cursor])}
-        return CatalogRead(snapshots, mapping_tables, file_ids, mappings, names, files, dropped)
+        return CatalogRead(version, snapshots, mapping_tables, file_ids, mappings, names, files,
+                           dropped)
 
 
-def check_version(versions: Sequence[str]) -> None:
-    """Refuses a catalog whose DuckLake version (`ducklake_metadata`'s `version` key) has
-    other columns in its tables than the ones moraine serves."""
+def check_version(versions: Sequence[str]) -> str:
+    """The catalog's DuckLake version (`ducklake_metadata`'s `version` key, one of
+    VERSIONS); refuses one whose tables the mirror does not know, naming it."""
     if len(versions) != 1:
         raise MirrorError(f"the catalog's ducklake_metadata has {len(versions)} `version` "
                           "rows, expected one")
-    if versions[0] not in SUPPORTED_VERSIONS:
+    version = str(versions[0]).strip()
+    if version not in VERSIONS:
         raise MirrorError(
-            f"the catalog is DuckLake catalog version {versions[0]}; moraine serves the "
-            f"tables of version {', '.join(SUPPORTED_VERSIONS)} (DuckDB 1.4's DuckLake)")
+            f"the catalog is DuckLake catalog version {version}; the mirror reads the tables "
+            f"of versions {', '.join(SUPPORTED_VERSIONS)}")
+    return version
+
+
+def describe_version(version: str) -> str:
+    """`DuckLake 1.0`, or `DuckLake 0.4 (1.0's tables)` for a spelling of another."""
+    served = VERSIONS[version]
+    return f"DuckLake {version}" + (f" ({served}'s tables)" if served != version else "")
+
+
+def served_version(conn) -> str:
+    """The DuckLake version (a value of VERSIONS) whose `ducklake_data_file` moraine serves,
+    from the columns of its result schema (names and order are what differ)."""
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {DATA_FILE} LIMIT 0")
+        names = cur.fetch_arrow_table().schema.names
+    for version, cols in DATA_FILE_COLUMNS.items():
+        if names == [n for n, _ in cols]:
+            return version
+    raise MirrorError(f"moraine serves {DATA_FILE} with the columns {', '.join(names)}, "
+                      "those of no DuckLake version the mirror knows")
+
+
+def check_served(conn, catalog_version: str) -> None:
+    """Refuses to stage a catalog into a moraine that serves another DuckLake version's
+    `ducklake_data_file`, naming both."""
+    served = served_version(conn)
+    if served != VERSIONS[catalog_version]:
+        raise MirrorError(
+            f"the catalog is {describe_version(catalog_version)}; moraine serves DuckLake "
+            f"{served}'s {DATA_FILE} (start it with --ducklake-version "
+            f"{VERSIONS[catalog_version]} on a fresh data directory)")
 
 
 class DuckLakeCatalog(Catalog):
@@ -467,6 +546,7 @@ def plan_sync(conn, catalog: "Catalog") -> List[StagedCommit]:
     one read of each that costs in proportion to what changed since the last sync."""
     held = Held.read(conn)
     read = catalog.read(held)
+    check_served(conn, read.version)
     return plan(read, MoraineState.read_for(conn, read, held))
 
 
@@ -484,6 +564,7 @@ class StagedCommit:
     that has no commit to carry them (`snapshot_id` None)."""
 
     snapshot_id: Optional[int]
+    version: str = "0.3"  # the catalog's DuckLake version: the columns of `files`
     delete_files: List[int] = field(default_factory=list)
     delete_mapping_tables: List[int] = field(default_factory=list)
     deleted_mappings: int = 0
@@ -519,10 +600,11 @@ class StagedCommit:
 def plan(catalog: CatalogRead, state: MoraineState) -> List[StagedCommit]:
     """The moraine transactions that bring `state` to the catalog, in order."""
     commits: Dict[int, StagedCommit] = {}
+    file_mapping = _file_mapping(catalog.version)
 
     def commit(snapshot: int) -> StagedCommit:
         if snapshot not in commits:
-            commits[snapshot] = StagedCommit(snapshot)
+            commits[snapshot] = StagedCommit(snapshot, catalog.version)
         return commits[snapshot]
 
     # New data files (begin commit) and retirements (end commit).
@@ -549,7 +631,7 @@ def plan(catalog: CatalogRead, state: MoraineState) -> List[StagedCommit]:
     # New mappings: where DuckLake drew the id, or earlier if a file needs it earlier.
     first_use: Dict[int, int] = {}
     for row in new_files:
-        m = row[_FILE_MAPPING]
+        m = row[file_mapping]
         if m is not None:
             first_use[m] = min(first_use.get(m, row[_BEGIN]), row[_BEGIN])
     names_of: Dict[int, List[Row]] = {}
@@ -615,7 +697,7 @@ def plan(catalog: CatalogRead, state: MoraineState) -> List[StagedCommit]:
                 "DuckLake only deletes all mappings of a dropped table")
     deleted_mappings = sum(1 for t in state.mappings.values() if t in set(gone_tables))
     if gone_files or gone_tables:
-        carrier = out[-1] if out else StagedCommit(None)
+        carrier = out[-1] if out else StagedCommit(None, catalog.version)
         carrier.delete_files = gone_files
         carrier.delete_mapping_tables = gone_tables
         carrier.deleted_mappings = deleted_mappings
@@ -628,10 +710,10 @@ def _ids(ids: Iterable[int]) -> str:
     return ", ".join(str(int(i)) for i in ids)
 
 
-def _arrow(table: str, rows: Sequence[Row]) -> pa.Table:
+def _arrow(table: str, rows: Sequence[Row], version: str = "0.3") -> pa.Table:
     return pa.table({
         name: pa.array([r[i] for r in rows], type=typ)
-        for i, (name, typ) in enumerate(COLUMNS[table])
+        for i, (name, typ) in enumerate(columns(table, version))
     })
 
 
@@ -661,7 +743,8 @@ def apply(conn, commit: StagedCommit) -> None:
             if commit.names:
                 cur.adbc_ingest(NAME_MAPPING, _arrow(NAME_MAPPING, commit.names), mode="append")
             if commit.files:
-                cur.adbc_ingest(DATA_FILE, _arrow(DATA_FILE, commit.files), mode="append")
+                cur.adbc_ingest(DATA_FILE, _arrow(DATA_FILE, commit.files, commit.version),
+                                mode="append")
             for r in commit.retirements:
                 shape = RETIRE_TABLES if r.by == "table_id" else RETIRE_FILES
                 _execute(cur, shape.format(snapshot=int(r.snapshot), ids=_ids(r.ids)),

@@ -91,9 +91,37 @@ COLUMNS: Dict[str, List[Tuple[str, pa.DataType]]] = {
 # Every column is nullable except ducklake_data_file.data_file_id.
 NOT_NULL = {(DATA_FILE, "data_file_id")}
 
+# `ducklake_data_file` in each DuckLake catalog version a deployment can serve (`moraine
+# serve --ducklake-version`), in the version's order (DuckLake's MigrateV03 drops
+# partial_file_info and appends partial_max, 0.4 = 1.0; MigrateV10 appends row_group_count,
+# 1.1). COLUMNS holds 0.3's, what a server serves by default and the rest of the suite uses.
+_DATA_FILE_HEAD = [c for c in COLUMNS[DATA_FILE] if c[0] not in ("partial_file_info", "mapping_id")]
+DATA_FILE_VERSIONS: Dict[str, List[Tuple[str, pa.DataType]]] = {
+    "0.3": COLUMNS[DATA_FILE],
+    "1.0": _DATA_FILE_HEAD + [("mapping_id", _I), ("partial_max", _I)],
+    "1.1": _DATA_FILE_HEAD + [("mapping_id", _I), ("partial_max", _I), ("row_group_count", _I)],
+}
+
 
 def column_names(table: str) -> List[str]:
     return [name for name, _ in COLUMNS[table]]
+
+
+def data_file_names(version: str) -> List[str]:
+    """`ducklake_data_file`'s column names in DuckLake version `version` (of
+    DATA_FILE_VERSIONS), in order."""
+    return [name for name, _ in DATA_FILE_VERSIONS[version]]
+
+
+def data_file_in(version: str, row: Row, **later: Any) -> Row:
+    """A `data_file` row (0.3's columns) as a row of `version`'s columns: the columns the
+    version lacks dropped, those only it has (`partial_max=`, `row_group_count=`) from
+    `later`, else NULL."""
+    names = data_file_names(version)
+    unknown = set(later) - set(names)
+    assert not unknown, f"DuckLake {version}'s ducklake_data_file has no {sorted(unknown)}"
+    rec = dict(zip(column_names(DATA_FILE), row), **later)
+    return tuple(rec.get(n) for n in names)
 
 
 def expected_schema(table: str) -> pa.Schema:

@@ -19,6 +19,12 @@ the same rows on moraine (through ADBC) as on DuckLake's catalog (the same SQL r
 A step after a failed one is skipped, naming the failure. The expected rows are always the
 catalog's own; nothing is hard-coded but the shape of the scenario. Other tests catch up many
 commits in one sync (and resume an interrupted one) and run the mirror's command line.
+
+DuckLake's later catalog versions (0.4, 1.0, 1.1-dev1; their `ducklake_data_file` has other
+columns) come from a catalog DuckLake 1.4.4 wrote, migrated by DuckLake's own statements
+(`migrate`): mirrored into a server started with that version's `--ducklake-version`, moraine's
+`ducklake_data_file` is the catalog's column for column; into a server of another version, the
+mirror refuses before staging anything, naming both.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +44,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import adbc_driver_flightsql.dbapi as flightsql
 import duckdb
@@ -49,6 +56,7 @@ from conftest import (
     add_user,
     column_names,
     create_token,
+    data_file_names,
     free_port,
     mapping_order_key,
     sort_key,
@@ -290,16 +298,19 @@ class Secured:
         return dm.credentials(token=self.token)
 
 
-def start_secured(server_factory, root: Path, name: str,
-                  extra_args: Sequence[Any] = ()) -> Secured:
+def start_secured(server_factory, root: Path, name: str, extra_args: Sequence[Any] = (),
+                  ducklake_version: Optional[str] = None) -> Secured:
     """A server on an empty store with `--auth-file` listing the mirror's writer user and a
     writer token (and `extra_args`). The server is checked to refuse a connection without
-    credentials."""
+    credentials. With `ducklake_version` it serves that DuckLake version's catalog
+    (`--ducklake-version`), on a store `moraine serve` creates (a store `moraine import`
+    made records the default, 0.3, when it first opens it); without, on an empty import's."""
     auth_file = root / "credentials"
     add_user(auth_file, MIRROR_USER, "writer", MIRROR_PASSWORD)
     token = create_token(auth_file, "mirror-token", "writer")
-    running = server_factory(name, empty_dump(root),
-                             extra_args=["--auth-file", auth_file, *extra_args])
+    version_args = ["--ducklake-version", ducklake_version] if ducklake_version else []
+    running = server_factory(name, empty_dump(root) if ducklake_version is None else None,
+                             extra_args=["--auth-file", auth_file, *version_args, *extra_args])
     with pytest.raises(flightsql.Error) as refused:
         with moraine(running.uri, {}) as conn:
             fetch(conn, "SELECT 1")
@@ -427,16 +438,19 @@ def make_lake(request, root: Path, backend: str) -> Lake:
 
 @contextlib.contextmanager
 def secured_lake(request, server_factory, tmp_path_factory, name: str, backend: str,
-                 extra_args: Sequence[Any] = ()) -> Iterator[Tuple[Path, Secured, Lake]]:
-    """A directory, a secured server on an empty store (`start_secured`) and a lake on
-    `backend` in that directory, closed at the end."""
+                 extra_args: Sequence[Any] = (), ducklake_version: Optional[str] = None
+                 ) -> Iterator[Tuple[Path, Secured, Lake]]:
+    """A directory, a secured server on an empty store (`start_secured`, serving DuckLake
+    `ducklake_version` if given) and a lake on `backend` in that directory, closed at the end
+    (unless the test closed it)."""
     root = tmp_path_factory.mktemp(name)
-    running = start_secured(server_factory, root, name, extra_args)
+    running = start_secured(server_factory, root, name, extra_args, ducklake_version)
     lake = make_lake(request, root, backend)
     try:
         yield root, running, lake
     finally:
-        lake.close()
+        if not lake.closed:
+            lake.close()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -942,11 +956,13 @@ def test_command_line(request, server_factory, tmp_path_factory, backend):
     assert bad.returncode == 1 and complaint in bad.stderr, bad
 
 
-def assert_mirrored(lake: Lake, running: Secured, when: str) -> None:
-    """moraine's three tables and DuckLake's mapping load on it equal the catalog's."""
+def assert_mirrored(lake: Lake, running: Secured, when: str, version: str = "0.3") -> None:
+    """moraine's three tables and DuckLake's mapping load on it equal the catalog's (its
+    `ducklake_data_file` with the columns of DuckLake `version`, of DATA_FILE_VERSIONS)."""
     with catalog_query(lake) as meta, moraine(running.uri, running.checks) as conn:
         for table in TABLES:
-            cols = ", ".join(column_names(table))
+            names = data_file_names(version) if table == DATA_FILE else column_names(table)
+            cols = ", ".join(names)
             assert_same_rows(rows_of(fetch(conn, f"SELECT {cols} FROM {table}")),
                              meta(f"SELECT {cols} FROM {table}"), f"{table} {when}")
         assert_mapping_load(fetch(conn, MAPPING_LOAD), meta(MAPPING_LOAD),
@@ -977,26 +993,291 @@ def catalog_query(lake: Lake) -> Iterator[Any]:
             meta.close()
 
 
+def assert_moraine_empty(running: Secured, what: str) -> None:
+    with moraine(running.uri, running.checks) as conn:
+        for table in TABLES:
+            n = fetch(conn, f"SELECT count(*) AS n FROM {table}").column(0)[0].as_py()
+            assert n == 0, f"{table} got {n} rows {what}"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_other_catalog_version_refused(request, server_factory, tmp_path_factory, backend):
-    """A catalog of another DuckLake version (its tables have other columns) is refused,
-    naming the version, and nothing reaches moraine."""
+    """A catalog of a DuckLake version the mirror does not know (its tables may have other
+    columns) is refused, naming the version, and nothing reaches moraine."""
     with secured_lake(request, server_factory, tmp_path_factory,
                       f"ducklake-version-{backend}", backend) as (root, running, lake):
         lake.sql(T_DDL)
         lake.add_files("t", lake.write_parquet(full_layout(1), "v/part=a/v1.parquet"),
                        hive_partitioning=True)
-        # DuckLake 1.0's catalogs say so here (and have `partial_max` for `partial_file_info`).
-        lake.meta.execute("UPDATE ducklake_metadata SET value = '1.0' WHERE key = 'version'")
         mirror = dm.Mirror(lake.mirror_catalog(), running.uri, connect_kwargs=running.auth)
-        with pytest.raises(dm.MirrorError, match=r"DuckLake catalog version 1\.0;.* 0\.3"):
-            mirror.sync()
-        with pytest.raises(dm.MirrorError, match=r"version 1\.0"):
-            mirror.plan()
+        for version in ("0.2", "2.0"):
+            lake.meta.execute("UPDATE ducklake_metadata SET value = ? WHERE key = 'version'",
+                              [version])
+            named = rf"DuckLake catalog version {re.escape(version)};"
+            with pytest.raises(dm.MirrorError, match=named):
+                mirror.sync()
+            with pytest.raises(dm.MirrorError, match=named):
+                mirror.plan()
+            assert_moraine_empty(running, f"from a refused catalog of version {version}")
+
+
+# --------------------------------------------------------------------------------------------
+# DuckLake's later catalog versions. DuckDB 1.4.4's DuckLake (the one installable here)
+# writes version 0.3; a catalog of 0.4, 1.0 or 1.1-dev1 is made from one it wrote by
+# DuckLake's own migration statements, as a newer DuckLake runs them when it attaches it.
+
+# From duckdb/ducklake's src/storage/ducklake_metadata_manager.cpp (main), verbatim but for
+# what the mirror never reads: the `ducklake_data_file` statements and the version update of
+# DuckLakeMetadataManager::MigrateV03 (0.3 to 0.4), MigrateV04 (0.4 to 1.0: only the version)
+# and MigrateV10 (1.0 to 1.1-dev1). Their placeholders are filled as ExecuteMigration does
+# without allow_failures ({IF_NOT_EXISTS}, {IF_EXISTS} empty) and {METADATA_CATALOG} names
+# the metadata database; DuckLake runs them as DuckDB SQL on it (Execute(string), through
+# ExecuteRaw) on either backend.
+MIGRATE_V03 = r"""
+ALTER TABLE {METADATA_CATALOG}.ducklake_data_file ADD COLUMN {IF_NOT_EXISTS} partial_max BIGINT;
+CREATE TEMP TABLE {IF_NOT_EXISTS} __ducklake_partial_max_migration AS
+SELECT data_file_id, TRY_CAST(regexp_extract(partial_file_info, 'partial_max:(\d+)', 1) AS BIGINT) AS partial_max
+FROM {METADATA_CATALOG}.ducklake_data_file
+WHERE partial_file_info IS NOT NULL AND partial_file_info LIKE '%partial_max:%';
+ALTER TABLE {METADATA_CATALOG}.ducklake_data_file DROP COLUMN {IF_EXISTS} partial_file_info;
+UPDATE {METADATA_CATALOG}.ducklake_data_file AS df
+SET partial_max = m.partial_max
+FROM __ducklake_partial_max_migration m
+WHERE df.data_file_id = m.data_file_id;
+DROP TABLE IF EXISTS __ducklake_partial_max_migration;
+UPDATE {METADATA_CATALOG}.ducklake_metadata SET value = '0.4' WHERE key = 'version';
+"""
+MIGRATE_V04 = r"""
+UPDATE {METADATA_CATALOG}.ducklake_metadata SET value = '1.0' WHERE key = 'version';
+"""
+MIGRATE_V10 = r"""
+ALTER TABLE {METADATA_CATALOG}.ducklake_data_file ADD COLUMN {IF_NOT_EXISTS} row_group_count BIGINT;
+UPDATE {METADATA_CATALOG}.ducklake_metadata SET value = '1.1-dev1' WHERE key = 'version';
+"""
+# A catalog version (as ducklake_metadata spells it) -> the migrations from 0.3 to it, and
+# the version a moraine serving its tables is started with (`--ducklake-version`).
+MIGRATIONS = {"0.3": [], "0.4": [MIGRATE_V03], "1.0": [MIGRATE_V03, MIGRATE_V04],
+              "1.1-dev1": [MIGRATE_V03, MIGRATE_V04, MIGRATE_V10]}
+SERVED_AS = {"0.3": "0.3", "0.4": "1.0", "1.0": "1.0", "1.1-dev1": "1.1"}
+
+
+def migrate(lake: Lake, version: str) -> None:
+    """Migrates the lake's 0.3 catalog to `version` with DuckLake's statements, one at a time
+    (DuckDB's postgres extension refuses to commit an UPDATE of a table that an ALTER of the
+    same transaction changed; DuckLake's own run is one transaction, which DuckDB files take).
+    Checks the version the catalog then records."""
+    for migration in MIGRATIONS[version]:
+        sql = (migration.replace("{METADATA_CATALOG}", lake.meta_db)
+               .replace("{IF_NOT_EXISTS} ", "").replace("{IF_EXISTS} ", ""))
+        assert "{" not in sql, f"a placeholder left in {sql}"
+        for statement in (s.strip() for s in sql.split(";\n")):
+            if statement:
+                lake.meta.execute(statement)
+    assert lake.catalog("SELECT value FROM ducklake_metadata WHERE key = 'version'") == \
+        [(version,)]
+
+
+def write_versioned_lake(lake: Lake) -> None:
+    """DuckLake 1.4.4's commits of every kind the mirror stages, on a 0.3 catalog: foreign
+    files (mappings, a hive partition, a mapping reused), an INSERT, a DELETE that retires a
+    file, a DROP TABLE, and rows inlined in the catalog then flushed to one file, for which
+    DuckLake writes `partial_file_info` 'partial_max:N' (what MigrateV03 turns into
+    `partial_max`)."""
+    lake.sql(T_DDL)
+    for i, part in enumerate(("a", "b"), start=1):
+        path = lake.write_parquet(full_layout(10 * i), f"v/part={part}/f{i}.parquet")
+        lake.add_files("t", path, hive_partitioning=True)
+    lake.sql("CREATE TABLE lake.d(id INTEGER, v VARCHAR, w VARCHAR)")
+    lake.add_files("d", lake.write_parquet("SELECT 1::INTEGER id, 'v' v", "v/d1.parquet"),
+                   allow_missing=True)
+    lake.sql("INSERT INTO lake.t(id, part) VALUES (99, 'c')")
+    lake.sql("DELETE FROM lake.t WHERE id IN (20, 21)")  # all of f2: DuckLake retires it
+    lake.sql("DROP TABLE lake.d")
+    lake.sql(f"CALL {lake.name}.set_option('data_inlining_row_limit', 10)")
+    lake.sql("CREATE TABLE lake.w(id INTEGER, v VARCHAR)")
+    for i in range(3):
+        lake.sql(f"INSERT INTO lake.w VALUES ({i}, 'inlined')")
+    lake.sql(f"CALL ducklake_flush_inlined_data({sql_text(lake.name)})")
+    flushed = lake.catalog("SELECT partial_file_info FROM ducklake_data_file "
+                           "WHERE partial_file_info LIKE 'partial_max:%'")
+    assert len(flushed) == 1, (
+        f"DuckLake's flush of inlined rows wrote partial_file_info {flushed}, expected one "
+        "'partial_max:N'")
+
+
+Described = Tuple[List[str], List[Tuple[Any, ...]]]  # a result's column names and rows
+
+
+@contextlib.contextmanager
+def catalog_select(lake: Lake) -> Iterator[Callable[[str], Described]]:
+    """Like `catalog_query` on a closed lake, but each query gives its result's column names
+    too."""
+    assert lake.closed, "the lake's own connection has the catalog's DuckDB file open"
+    if lake.postgres is not None:
+        import adbc_driver_postgresql.dbapi as pg
+
+        with pg.connect(lake.postgres, autocommit=True) as conn, conn.cursor() as cur:
+            def run(sql: str) -> Described:
+                cur.execute(sql)
+                rows = [tuple(r) for r in cur.fetchall()]
+                return [d[0] for d in cur.description], rows
+
+            yield run
+    else:
+        meta = duckdb.connect(str(lake.catalog_path), read_only=True)
+        try:
+            def run(sql: str) -> Described:
+                cur = meta.execute(sql)
+                rows = [tuple(r) for r in cur.fetchall()]
+                return [d[0] for d in cur.description], rows
+
+            yield run
+        finally:
+            meta.close()
+
+
+def catalog_execute(lake: Lake, sql: str) -> None:
+    """Runs the statement `sql` on the closed lake's catalog tables, by the catalog's own
+    engine (what a newer DuckLake's commit would do there)."""
+    assert lake.closed, "the lake's own connection has the catalog's DuckDB file open"
+    if lake.postgres is not None:
+        import adbc_driver_postgresql.dbapi as pg
+
+        with pg.connect(lake.postgres, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(sql)
+    else:
+        meta = duckdb.connect(str(lake.catalog_path))
+        try:
+            meta.execute(sql)
+        finally:
+            meta.close()
+
+
+ALL_DATA_FILES = "SELECT * FROM ducklake_data_file ORDER BY data_file_id"
+
+
+def assert_data_files_copied(lake: Lake, running: Secured, version: str, when: str) -> None:
+    """moraine's `SELECT *` of ducklake_data_file is the catalog's, column for column and
+    row for row, and so is a read of the version's own columns; then the other tables too."""
+    with catalog_select(lake) as meta, moraine(running.uri, running.checks) as conn:
+        want_names, want = meta(ALL_DATA_FILES)
+        got = fetch(conn, ALL_DATA_FILES)
+        assert got.schema.names == want_names, (
+            f"{when}: moraine's ducklake_data_file has the columns {got.schema.names}, the "
+            f"catalog's {want_names}")
+        assert want_names == data_file_names(version), (
+            f"{when}: DuckLake's migrated catalog has the columns {want_names}, not DuckLake "
+            f"{version}'s {data_file_names(version)}")
+        assert rows_of(got) == want, (
+            f"{when}: moraine's ducklake_data_file differs from the catalog's\n"
+            f"  moraine: {rows_of(got)}\n  catalog: {want}")
+        later = [n for n in ("partial_max", "row_group_count") if n in want_names]
+        sql = (f"SELECT data_file_id, {', '.join(later)} FROM ducklake_data_file WHERE "
+               + " OR ".join(f"{n} IS NOT NULL" for n in later) + " ORDER BY data_file_id")
+        assert rows_of(fetch(conn, sql)) == meta(sql)[1], f"{when}: `{sql}`"
+        sql = (f"SELECT {', '.join(reversed(want_names))} FROM ducklake_data_file "
+               "ORDER BY data_file_id")
+        assert rows_of(fetch(conn, sql)) == meta(sql)[1], f"{when}: `{sql}`"
+    assert_mirrored(lake, running, when, version)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("version", ["0.4", "1.0", "1.1-dev1"])
+def test_later_catalog_version_mirrored(request, server_factory, tmp_path_factory, version,
+                                        backend):
+    """A catalog DuckLake migrated to 0.4, 1.0 or 1.1-dev1, mirrored into a moraine serving
+    that version's tables: one transaction per DuckLake commit, and moraine's
+    ducklake_data_file is the catalog's, with its columns in its order (partial_max from
+    DuckLake's own 'partial_max:N', row_group_count where set); then a removal the catalog
+    makes afterwards is mirrored too, and a sync after each stages nothing."""
+    served = SERVED_AS[version]
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      f"ducklake-v{version}-{backend}", backend,
+                      ducklake_version=served) as (root, running, lake):
+        write_versioned_lake(lake)
+        migrate(lake, version)
+        if served == "1.1":
+            # No DuckLake here writes row_group_count: set it on the foreign files.
+            lake.meta.execute("UPDATE ducklake_data_file SET row_group_count = "
+                              "data_file_id + 1 WHERE mapping_id IS NOT NULL")
+        partial = lake.catalog("SELECT data_file_id, partial_max FROM ducklake_data_file "
+                               "WHERE partial_max IS NOT NULL")
+        assert len(partial) == 1, f"MigrateV03 filled partial_max of {partial}, expected one"
+        spans = lake.catalog("SELECT begin_snapshot, end_snapshot FROM ducklake_data_file")
+        commits = sorted({b for b, _ in spans} | {e for _, e in spans if e is not None})
+        mapped = lake.catalog("SELECT count(*) FROM ducklake_column_mapping")[0][0]
+        lake.close()  # DuckLake 1.4.4 does not open what it cannot write; the mirror reads it
+
+        mirror = dm.Mirror(dm.open_catalog(lake.catalog_spec), running.uri,
+                           connect_kwargs=running.auth)
+        result = mirror.sync()
+        assert [c.snapshot_id for c in result.commits] == commits, (
+            "one moraine transaction per DuckLake commit: "
+            + "; ".join(c.describe() for c in result.commits))
+        assert sum(len(c.mappings) for c in result.commits) == mapped == 2, \
+            [c.describe() for c in result.commits]
+        assert_data_files_copied(lake, running, served, f"DuckLake {version}, mirrored")
+        assert mirror.sync().commits == [], "a second sync found work"
+
+        # What expiry does to the retired files, as the catalog's own DELETE: one removal.
+        with catalog_select(lake) as meta:
+            retired = [i for (i,) in meta("SELECT data_file_id FROM ducklake_data_file "
+                                          "WHERE end_snapshot IS NOT NULL "
+                                          "ORDER BY data_file_id")[1]]
+        assert len(retired) == 2, f"f2 and d1 retired, the catalog has {retired}"
+        catalog_execute(lake, "DELETE FROM ducklake_data_file WHERE end_snapshot IS NOT NULL")
+        (removal,) = mirror.sync().commits
+        assert removal.snapshot_id is None and removal.delete_files == retired, \
+            removal.describe()
+        assert_data_files_copied(lake, running, served, f"DuckLake {version}, after a removal")
+        assert mirror.sync().commits == [], "a sync after the removal found work"
+
+
+# (catalog version, the version moraine serves, backend): each pair refused by name.
+MISMATCHES = [("1.0", "0.3", "duckdb"), ("1.0", "0.3", "postgres"), ("0.3", "1.0", "duckdb"),
+              ("1.1-dev1", "1.0", "duckdb"), ("0.4", "1.1", "postgres")]
+
+
+@pytest.mark.parametrize("version,served,backend", MISMATCHES,
+                         ids=[f"{v}-into-{s}-{b}" for v, s, b in MISMATCHES])
+def test_catalog_version_other_than_served_refused(request, server_factory, tmp_path_factory,
+                                                   version, served, backend):
+    """A catalog of one DuckLake version mirrored into a moraine that serves another's
+    ducklake_data_file: the library and the command line (--dry-run too) refuse it before
+    staging anything, naming both versions and the flag that would serve the catalog."""
+    with secured_lake(request, server_factory, tmp_path_factory,
+                      f"ducklake-mismatch-{version}-{served}-{backend}", backend,
+                      ducklake_version=served if served != "0.3" else None) as (root, running,
+                                                                                lake):
+        lake.sql(T_DDL)
+        lake.add_files("t", lake.write_parquet(full_layout(1), "m/part=a/m1.parquet"),
+                       hive_partitioning=True)
+        migrate(lake, version)
+        lake.close()
         with moraine(running.uri, running.checks) as conn:
-            for table in TABLES:
-                assert fetch(conn, f"SELECT count(*) AS n FROM {table}").column(0)[0].as_py() \
-                    == 0, f"{table} got rows from a refused catalog"
+            assert fetch(conn, "SELECT * FROM ducklake_data_file LIMIT 0").schema.names == \
+                data_file_names(served), f"the server does not serve DuckLake {served}"
+        named = (rf"the catalog is DuckLake {re.escape(version)}\b.*; moraine serves "
+                 rf"DuckLake {re.escape(served)}'s ducklake_data_file \(start it with "
+                 rf"--ducklake-version {re.escape(SERVED_AS[version])} on a fresh data "
+                 r"directory\)")
+        mirror = dm.Mirror(dm.open_catalog(lake.catalog_spec), running.uri,
+                           connect_kwargs=running.auth)
+        with pytest.raises(dm.MirrorError, match=named):
+            mirror.sync()
+        with pytest.raises(dm.MirrorError, match=named):
+            mirror.plan()
+        for extra in (["--dry-run"], []):
+            done = subprocess.run(
+                [sys.executable, str(INTEGRATION / "ducklake_mirror.py"), "--catalog",
+                 lake.catalog_spec, "--moraine", running.uri, *extra],
+                capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+                env={**{k: v for k, v in os.environ.items() if k != "MORAINE_PASSWORD"},
+                     "MORAINE_TOKEN": running.token})
+            assert done.returncode == 1 and re.search("error: " + named, done.stderr) \
+                and not done.stdout, (extra, done)
+        assert_moraine_empty(running, f"from a DuckLake {version} catalog refused by a "
+                                      f"DuckLake {served} server")
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ a server never touch each other's rows.
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -30,18 +32,28 @@ from conftest import (
     COLUMN_MAPPING,
     COLUMNS,
     DATA_FILE,
+    DATA_FILE_VERSIONS,
     NAME_MAPPING,
     TABLES,
     CatalogState,
     Ids,
     Mapping,
     arrow_rows,
+    FIXTURE,
+    Server,
+    _child_env,
+    autocommit_cursor,
     column_names,
     data_file,
+    data_file_in,
+    data_file_names,
     diff_states,
     flat_mapping,
     mapping_like,
+    load_fixture,
     mentions_id,
+    moraine_bin,
+    run_import,
     snapshots_in_fixture,
     sorted_rows,
     state_from_tables,
@@ -512,6 +524,85 @@ def test_ingest_mode_replace_is_refused_and_replaces_nothing(uri, ids):
         assert str(e.value).strip()
         conn.commit()
     assert_stored(uri, before, "after an ingest with mode='replace' (the table is intact)")
+
+
+# --------------------------------------------------------------------------------------------
+# DuckLake catalog versions: a deployment serves and accepts the ducklake_data_file columns of
+# the one version it records (`serve --ducklake-version`, 0.3 by default); an ingest with
+# another version's columns is refused naming the column and both versions.
+
+
+@pytest.fixture(scope="module")
+def lake_1_0(server_factory):
+    """A server of DuckLake 1.0's catalog tables, on an empty store."""
+    return server_factory("writes-ducklake-1.0", steps_file=None,
+                          extra_args=["--ducklake-version", "1.0"])
+
+
+def stored_tables(uri: str) -> Dict[str, Tuple[List[str], List[tuple]]]:
+    """Each table's column names and sorted rows as committed (`SELECT *`, whatever columns
+    the server's version has)."""
+    out = {}
+    with autocommit_cursor(uri) as cur:
+        for table in TABLES:
+            cur.execute(f"SELECT * FROM {table}")
+            got = cur.fetch_arrow_table()
+            out[table] = (got.schema.names, sorted_rows(tuple(r.values()) for r in got.to_pylist()))
+    return out
+
+
+def versioned_file(version: str, ids: Ids) -> tuple:
+    """A data file with `version`'s columns, its later columns set."""
+    later = {n: v for n, v in (("partial_max", 5), ("row_group_count", 2))
+             if n in data_file_names(version)}
+    return data_file_in(version, data_file(ids.file(), ids.table(), None), **later)
+
+
+# case -> (the version the server serves, the version whose columns are sent, the column the
+# refusal names, the version it names as that column's).
+VERSION_REFUSALS = {
+    "1.0-into-0.3": ("0.3", "1.0", "partial_max", "1.0"),
+    "0.3-into-1.0": ("1.0", "0.3", "partial_file_info", "0.3"),
+    "1.1-into-1.0": ("1.0", "1.1", "row_group_count", "1.1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VERSION_REFUSALS))
+def test_ingest_of_another_versions_data_file_is_refused(request, ids, case):
+    served, sent, column, its = VERSION_REFUSALS[case]
+    uri = request.getfixturevalue("lake" if served == "0.3" else "lake_1_0").uri
+    before = stored_tables(uri)
+    assert before[DATA_FILE][0] == data_file_names(served), "the server's version"
+    batch = arrow_rows(DATA_FILE, [versioned_file(sent, ids)], DATA_FILE_VERSIONS[sent])
+    with connection(uri) as conn:
+        with pytest.raises(flightsql.Error) as e:
+            ingest(conn, DATA_FILE, batch)
+        check_error(e.value, flightsql.ProgrammingError, statuses=[ISSUE.INVALID_ARGUMENT],
+                    words=[f"column {column} ", f"DuckLake {its}'s", f"DuckLake {served}'s"],
+                    what=f"DuckLake {sent}'s data file into a DuckLake {served} server")
+        conn.commit()  # the transaction holds nothing of the refused ingest
+    assert stored_tables(uri) == before, f"a refused DuckLake {sent} ingest wrote rows"
+
+
+def test_ingest_of_the_served_versions_data_files(lake_1_0, ids):
+    """DuckLake 1.0's ducklake_data_file rows, ingested into a 1.0 server, read back with
+    its columns in its order, partial_max included."""
+    uri = lake_1_0.uri
+    table_id = ids.table()
+    files = [data_file_in("1.0", data_file(ids.file(), table_id, None), partial_max=p)
+             for p in (None, 23)]
+    with connection(uri) as conn:
+        got = ingest(conn, DATA_FILE, arrow_rows(DATA_FILE, files, DATA_FILE_VERSIONS["1.0"]))
+        assert got == len(files), f"ingest answered {got} rows staged"
+        conn.commit()
+    with autocommit_cursor(uri) as cur:
+        cur.execute(f"SELECT * FROM ducklake_data_file WHERE table_id = {table_id} "
+                    "ORDER BY data_file_id")
+        read = cur.fetch_arrow_table()
+        assert read.schema.names == data_file_names("1.0")
+        assert [tuple(r.values()) for r in read.to_pylist()] == files
+        cur.execute("SELECT data_file_id FROM ducklake_data_file WHERE partial_max = 23")
+        assert cur.fetchall() == [(files[1][0],)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1422,3 +1513,48 @@ def test_txn_max_bytes(server_factory):
         assert str(e.value).strip()
         conn.rollback()
     assert_stored(u, before.with_rows(DATA_FILE, small), "after an ingest over the byte limit")
+
+
+def test_a_dump_of_a_later_version_imports_into_a_store_of_its_version(tmp_path):
+    """`moraine import --data` of a dump whose rows are DuckLake 1.0's (it says so in
+    "ducklake_version") makes a 1.0 store, served with 1.0's columns without any flag; a 0.3
+    dump into that store is refused naming both versions, and leaves it as it was."""
+    dump = json.loads(json.dumps(load_fixture()))
+    partial = {}
+    for step in dump["steps"].values():
+        files = step.get(DATA_FILE, {})
+        for which in ("added", "removed"):
+            rows_1_0 = []
+            for row in files.get(which, []):
+                data_file_id = row[0]
+                partial.setdefault(data_file_id, 1000 + data_file_id)
+                rows_1_0.append(list(data_file_in("1.0", tuple(row),
+                                                  partial_max=partial[data_file_id])))
+            if which in files:
+                files[which] = rows_1_0
+    dump["ducklake_version"] = "1.0"
+    dump_file = tmp_path / "steps-1.0.json"
+    dump_file.write_text(json.dumps(dump), encoding="utf-8")
+    data_dir = tmp_path / "data"
+    run_import(moraine_bin(), data_dir, dump_file)
+
+    refused = subprocess.run(
+        [str(moraine_bin()), "import", "--data", str(data_dir), str(FIXTURE)],
+        capture_output=True, text=True, env=_child_env(), stdin=subprocess.DEVNULL, timeout=120,
+    )
+    assert refused.returncode != 0, refused.stderr
+    assert "DuckLake 1.0" in refused.stderr and "0.3" in refused.stderr, refused.stderr
+
+    server = Server(moraine_bin(), data_dir, "dump-1.0")
+    try:
+        uri = server.wait_listening()
+        with autocommit_cursor(uri) as cur:
+            cur.execute("SELECT * FROM ducklake_data_file ORDER BY data_file_id")
+            table = cur.fetch_arrow_table()
+    finally:
+        server.stop()
+    assert table.column_names == data_file_names("1.0")
+    assert table.num_rows > 0
+    served = dict(zip(table.column("data_file_id").to_pylist(),
+                      table.column("partial_max").to_pylist()))
+    assert served == {i: partial[i] for i in served}, served

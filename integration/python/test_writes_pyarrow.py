@@ -28,6 +28,7 @@ from conftest import (
     COLUMN_MAPPING,
     COLUMNS,
     DATA_FILE,
+    DATA_FILE_VERSIONS,
     NAME_MAPPING,
     TABLES,
     CatalogState,
@@ -36,12 +37,15 @@ from conftest import (
     _child_env,
     arrow_rows,
     data_file,
+    data_file_in,
+    data_file_names,
     diff_states,
     flat_mapping,
     load_fixture,
     mapping_like,
     mentions_id,
     moraine_bin,
+    sorted_rows,
     state_from_tables,
     Server,
     _fixture_rows,
@@ -491,6 +495,82 @@ def test_stream_to_an_unknown_path_is_refused(client, lake, ids):
             committed([arrow_rows(NAME_MAPPING, rows, MAPPING_STREAM_COLUMNS).to_batches()[0]]),
             schema=stream_schema(MAPPING_PATH))
     assert_stored(lake.uri, before, "after a stream to an unknown path")
+
+
+# --------------------------------------------------------------------------------------------
+# DuckLake catalog versions: the streams carry the ducklake_data_file columns of the version
+# the deployment serves (`serve --ducklake-version`); another version's are refused by name.
+
+COMMIT_PATH = "ducklake_commit"
+
+
+def commit_stream(m: Mapping, files: Sequence[tuple], version: str) -> pa.Table:
+    """One `ducklake_commit` stream's rows: the mapping in the load's shape, then the files
+    with DuckLake `version`'s columns (each row's columns of the other shape NULL)."""
+    return pa.concat_tables(
+        [arrow_rows(NAME_MAPPING, m.join_rows, MAPPING_STREAM_COLUMNS),
+         arrow_rows(DATA_FILE, files, DATA_FILE_VERSIONS[version])],
+        promote_options="default")
+
+
+def data_files_served(uri: str) -> pa.Table:
+    """`ducklake_data_file` as DoGet of its path streams it."""
+    with flight.FlightClient(uri) as c:
+        info = c.get_flight_info(flight.FlightDescriptor.for_path(DATA_FILE), OPTIONS)
+        return read_endpoints(c, uri, info)
+
+
+@pytest.fixture(scope="module")
+def lake_1_0(server_factory):
+    """A server of DuckLake 1.0's catalog tables, on an empty store."""
+    return server_factory("writes-flight-1.0", steps_file=None,
+                          extra_args=["--ducklake-version", "1.0"])
+
+
+@pytest.mark.parametrize("path", [DATA_FILE, COMMIT_PATH])
+def test_stream_of_another_versions_data_file_is_refused(client, lake, ids, path):
+    """DuckLake 1.0's data-file columns into a server of 0.3's (the default): refused naming
+    partial_max and both versions, the stream's mapping not stored either."""
+    before = read_committed(lake.uri)
+    t = ids.table()
+    m = flat_mapping(ids.file(), t, 2)
+    f = data_file_in("1.0", data_file(ids.file(), t, m.mapping_id), partial_max=3)
+    table = (arrow_rows(DATA_FILE, [f], DATA_FILE_VERSIONS["1.0"]) if path == DATA_FILE
+             else commit_stream(m, [f], "1.0"))
+    with pytest.raises(pa.ArrowException) as e:
+        put(client, path, committed(table.to_batches(max_chunksize=2)), schema=table.schema)
+    check_refusal(e.value, "INVALID_ARGUMENT",
+                  words=["column partial_max ", "DuckLake 1.0's", "DuckLake 0.3's"],
+                  what=f"DuckLake 1.0's data file on {path}")
+    assert_stored(lake.uri, before, f"after a refused DuckLake 1.0 stream on {path}")
+
+
+def test_streams_of_the_served_version_commit(lake_1_0, ids):
+    """A DuckLake 1.0 server takes 1.0's data-file columns on both paths (and refuses 0.3's
+    partial_file_info); DoGet streams them back with 1.0's columns in its order."""
+    with flight.FlightClient(lake_1_0.uri) as c:
+        t = ids.table()
+        m = flat_mapping(ids.file(), t, 2)
+        alone = data_file_in("1.0", data_file(ids.file(), t, None), partial_max=None)
+        mapped = data_file_in("1.0", data_file(ids.file(), t, m.mapping_id), partial_max=31)
+        table = arrow_rows(DATA_FILE, [alone], DATA_FILE_VERSIONS["1.0"])
+        check_reply(put(c, DATA_FILE, committed(table.to_batches()), schema=table.schema),
+                    rows=1, mappings=0, data_files=1, what="a 1.0 data-file stream")
+        table = commit_stream(m, [mapped], "1.0")
+        check_reply(put(c, COMMIT_PATH, committed(table.to_batches()), schema=table.schema),
+                    rows=table.num_rows, mappings=1, data_files=1, what="a 1.0 commit stream")
+        old = data_file(ids.file(), t, None)
+        with pytest.raises(pa.ArrowException) as e:
+            table = arrow_rows(DATA_FILE, [old])
+            put(c, DATA_FILE, committed(table.to_batches()), schema=table.schema)
+        check_refusal(e.value, "INVALID_ARGUMENT",
+                      words=["column partial_file_info ", "DuckLake 0.3's",
+                             "DuckLake 1.0's"],
+                      what="DuckLake 0.3's data file into a 1.0 server")
+    served = data_files_served(lake_1_0.uri)
+    assert served.schema.names == data_file_names("1.0")
+    got = sorted_rows(tuple(r.values()) for r in served.to_pylist() if r["table_id"] == t)
+    assert got == sorted_rows([alone, mapped]), got
 
 
 # --------------------------------------------------------------------------------------------
