@@ -166,6 +166,29 @@ pub fn ducklake_steps(json: &str, version: DuckLakeVersion) -> Result<Vec<Import
     Ok(out)
 }
 
+/// The DuckLake version a dump's rows are of: what its `"ducklake_version"` names, else 0.3.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] for text that is not JSON, or a version moraine does not serve.
+pub fn dump_version(json: &str) -> Result<DuckLakeVersion> {
+    let dump: Value = serde_json::from_str(json).map_err(|err| bad(format!("not JSON: {err}")))?;
+    version_of(&dump)
+}
+
+fn version_of(dump: &Value) -> Result<DuckLakeVersion> {
+    match dump.get("ducklake_version") {
+        None => Ok(DuckLakeVersion::default()),
+        Some(name) => name
+            .as_str()
+            .and_then(DuckLakeVersion::parse)
+            .ok_or_else(|| {
+                bad(format!(
+                    "the dump's DuckLake version {name} is not one moraine serves"
+                ))
+            }),
+    }
+}
+
 fn commit_of(name: &str, step: &Value, version: DuckLakeVersion) -> Result<StagedBatch> {
     let mut batch = StagedBatch::new();
     let mappings = rows(step, "ducklake_column_mapping", "added")

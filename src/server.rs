@@ -619,7 +619,9 @@ async fn import_dump(data: &std::path::Path, file: &std::path::Path) -> Result<(
     let store = open_embedded(data, crate::kv::redb::RedbOptions::default()).await?;
     let catalog = Catalog::new(store, Keyspace::default());
     upgrade(&catalog).await?;
-    let ducklake = catalog.settle_ducklake(None).await?;
+    // A fresh store takes the dump's version; a store of another one refuses it, naming both.
+    let dumped = crate::import::dump_version(&text)?;
+    let ducklake = catalog.settle_ducklake(Some(dumped)).await?;
     let commits = crate::import::ducklake_steps(&text, ducklake)?;
     for commit in &commits {
         let report = crate::write::commit_batch(&catalog, &commit.batch)
