@@ -255,9 +255,25 @@ async fn another_versions_shape_is_refused_naming_it_and_nothing_is_written() {
     }
 }
 
+/// Every backend the version is recorded in.
+fn backends() -> Vec<Backend> {
+    vec![
+        Backend::Memory,
+        Backend::Redb,
+        #[cfg(feature = "tikv")]
+        Backend::Tikv,
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_keeps_the_version_of_its_first_start() {
-    let store = Backend::Redb.open().await;
+    for backend in backends() {
+        keeps_the_version_of_its_first_start(backend).await;
+    }
+}
+
+async fn keeps_the_version_of_its_first_start(backend: Backend) {
+    let store = backend.open().await;
     let catalog = store.catalog();
     assert_eq!(
         catalog
@@ -282,7 +298,7 @@ async fn a_deployment_keeps_the_version_of_its_first_start() {
     );
 
     // A store written before versions were recorded holds 0.3's data files.
-    let older = Backend::Redb.open().await;
+    let older = backend.open().await;
     let older_catalog = older.catalog();
     let mut batch = StagedBatch::new();
     batch.push(Op::Insert(Insert::data_files(&files(
