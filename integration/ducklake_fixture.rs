@@ -28,7 +28,9 @@ pub struct Step {
 pub fn steps() -> Vec<Step> {
     let text = std::fs::read_to_string(STEPS).expect("fixture");
     let json: Value = serde_json::from_str(&text).expect("fixture is JSON");
-    let commits = ducklake_steps(&text, DuckLakeVersion::V0_3).expect("fixture imports");
+    let dump = ducklake_steps(&text).expect("fixture imports");
+    assert_eq!(dump.version, DuckLakeVersion::V0_3);
+    let commits = dump.commits;
     let mut state = CatalogRows::default();
     let mut out = Vec::new();
     for commit in commits {

@@ -6,12 +6,9 @@
 //! DuckDB 1.4 (the only DuckLake extension installable here) writes 0.3 catalogs; the 1.0 and
 //! 1.1 shapes are DuckLake's own DDL, pinned in `model::rows` and `model::version`.
 
-use std::sync::Arc;
-
-use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
 use datafusion::arrow::record_batch::RecordBatch;
 use moraine::catalog::Catalog;
-use moraine::model::{CatalogTable, Cell, DataFileRow, DuckLakeVersion, SqlType};
+use moraine::model::{CatalogTable, DataFileRow, DuckLakeVersion};
 use moraine::write::{Insert, Op, StagedBatch, commit_batch};
 use tonic::Code;
 
@@ -62,44 +59,13 @@ fn files(version: DuckLakeVersion) -> Vec<DataFileRow> {
         .collect()
 }
 
-/// `rows` as a batch of `version`'s `ducklake_data_file` columns, in its order.
+/// `rows` as a batch of `version`'s `ducklake_data_file` columns, in its order: the stored
+/// columns an insert of them holds, projected.
 fn batch_of(rows: &[DataFileRow], version: DuckLakeVersion) -> RecordBatch {
-    let cells: Vec<Vec<Cell<'_>>> = rows.iter().map(DataFileRow::cells).collect();
-    let columns = version
-        .columns(CatalogTable::DataFile)
-        .iter()
-        .zip(version.data_file_positions())
-        .map(|(column, &at)| {
-            let values = cells.iter().map(|row| row[at]);
-            let array: ArrayRef = match column.ty {
-                SqlType::BigInt => Arc::new(
-                    values
-                        .map(|c| match c {
-                            Cell::BigInt(v) => Some(v),
-                            _ => None,
-                        })
-                        .collect::<Int64Array>(),
-                ),
-                SqlType::Varchar => Arc::new(
-                    values
-                        .map(|c| match c {
-                            Cell::Varchar(v) => Some(v),
-                            _ => None,
-                        })
-                        .collect::<StringArray>(),
-                ),
-                SqlType::Boolean => Arc::new(
-                    values
-                        .map(|c| match c {
-                            Cell::Boolean(v) => Some(v),
-                            _ => None,
-                        })
-                        .collect::<BooleanArray>(),
-                ),
-            };
-            (column.name, array)
-        });
-    RecordBatch::try_from_iter(columns).expect("batch")
+    Insert::data_files(rows)
+        .rows()
+        .project(version.data_file_positions())
+        .expect("the version's columns")
 }
 
 /// `rows` as text tuples of `version`'s columns, as [`rows_of`] reads a result.

@@ -27,7 +27,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
 
 pub use self::files::{TableReader, WrittenFile, file_name, sha256_of};
-pub use self::manifest::Manifest;
+pub use self::manifest::{Manifest, ducklake_version_field};
 use crate::client::Client;
 use crate::config::{ExportConfig, ExportFormat};
 use crate::error::{Error, Named, Result};

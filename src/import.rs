@@ -125,68 +125,40 @@ pub fn rows<'a>(step: &'a Value, table: &str, which: &str) -> Vec<&'a [Value]> {
         .unwrap_or_default()
 }
 
-/// The commits of a dump for a deployment of DuckLake `version`, in order; commits that
-/// change none of the three tables are left out. A dump's rows are in the column order of the
-/// DuckLake version its `"ducklake_version"` names (0.3 when it names none).
+/// A dump of DuckLake commits, parsed.
+#[derive(Debug, Clone)]
+pub struct Dump {
+    /// The DuckLake version its rows are of: what its `"ducklake_version"` names, else 0.3.
+    pub version: DuckLakeVersion,
+    /// Its commits, in order; commits that change none of the three tables are left out.
+    pub commits: Vec<ImportedCommit>,
+}
+
+/// The commits of a dump, whose rows are in the column order of the DuckLake version its
+/// `"ducklake_version"` names (0.3 when it names none).
 ///
 /// # Errors
-/// [`Error::InvalidRequest`] for text that is not such a dump, or a dump of another version.
-pub fn ducklake_steps(json: &str, version: DuckLakeVersion) -> Result<Vec<ImportedCommit>> {
+/// [`Error::InvalidRequest`] for text that is not such a dump, or names a version moraine
+/// does not serve.
+pub fn ducklake_steps(json: &str) -> Result<Dump> {
     let dump: Value = serde_json::from_str(json).map_err(|err| bad(format!("not JSON: {err}")))?;
-    let dumped = match dump.get("ducklake_version") {
-        None => DuckLakeVersion::default(),
-        Some(name) => name
-            .as_str()
-            .and_then(DuckLakeVersion::parse)
-            .ok_or_else(|| {
-                bad(format!(
-                    "the dump's DuckLake version {name} is not one moraine serves"
-                ))
-            })?,
-    };
-    if dumped != version {
-        return Err(bad(format!(
-            "the dump holds DuckLake {dumped} rows; this deployment serves DuckLake {version}"
-        )));
-    }
+    let version = crate::export::ducklake_version_field(&dump)
+        .map_err(|problem| bad(format!("the dump {problem}")))?;
     let steps = dump
         .get("steps")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("no \"steps\" object".into()))?;
-    let mut out = Vec::new();
+    let mut commits = Vec::new();
     for (name, step) in steps {
         let batch = commit_of(name, step, version)?;
         if !batch.is_empty() {
-            out.push(ImportedCommit {
+            commits.push(ImportedCommit {
                 name: name.clone(),
                 batch,
             });
         }
     }
-    Ok(out)
-}
-
-/// The DuckLake version a dump's rows are of: what its `"ducklake_version"` names, else 0.3.
-///
-/// # Errors
-/// [`Error::InvalidRequest`] for text that is not JSON, or a version moraine does not serve.
-pub fn dump_version(json: &str) -> Result<DuckLakeVersion> {
-    let dump: Value = serde_json::from_str(json).map_err(|err| bad(format!("not JSON: {err}")))?;
-    version_of(&dump)
-}
-
-fn version_of(dump: &Value) -> Result<DuckLakeVersion> {
-    match dump.get("ducklake_version") {
-        None => Ok(DuckLakeVersion::default()),
-        Some(name) => name
-            .as_str()
-            .and_then(DuckLakeVersion::parse)
-            .ok_or_else(|| {
-                bad(format!(
-                    "the dump's DuckLake version {name} is not one moraine serves"
-                ))
-            }),
-    }
+    Ok(Dump { version, commits })
 }
 
 fn commit_of(name: &str, step: &Value, version: DuckLakeVersion) -> Result<StagedBatch> {

@@ -616,19 +616,18 @@ async fn import_dump(data: &std::path::Path, file: &std::path::Path) -> Result<(
         setting: "file",
         reason: format!("{}: {err}", file.display()),
     })?;
+    let dump = crate::import::ducklake_steps(&text)?;
     let store = open_embedded(data, crate::kv::redb::RedbOptions::default()).await?;
     let catalog = Catalog::new(store, Keyspace::default());
     upgrade(&catalog).await?;
     // A fresh store takes the dump's version; a store of another one refuses it, naming both.
-    let dumped = crate::import::dump_version(&text)?;
-    let ducklake = catalog.settle_ducklake(Some(dumped)).await?;
-    let commits = crate::import::ducklake_steps(&text, ducklake)?;
-    for commit in &commits {
+    catalog.settle_ducklake(Some(dump.version)).await?;
+    for commit in &dump.commits {
         let report = crate::write::commit_batch(&catalog, &commit.batch)
             .await
             .inspect_err(|err| tracing::error!(commit = %commit.name, "import refused: {err}"))?;
         tracing::info!(commit = %commit.name, summary = ?report.summary, "imported");
     }
-    tracing::info!(commits = commits.len(), "import finished");
+    tracing::info!(commits = dump.commits.len(), "import finished");
     Ok(())
 }

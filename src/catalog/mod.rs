@@ -98,8 +98,8 @@ impl Catalog {
                 return match requested {
                     Some(asked) if asked != recorded => Err(version_error(format!(
                         "this deployment serves DuckLake {recorded}'s catalog, recorded at \
-                         its first start; it cannot serve {asked} (omit --ducklake-version, \
-                         or give it {recorded})"
+                         its first start; it cannot serve DuckLake {asked}'s (a deployment of \
+                         {asked} needs a fresh data directory or key prefix)"
                     ))),
                     _ => Ok(recorded),
                 };

@@ -52,6 +52,23 @@ pub struct Manifest {
     pub files: Vec<WrittenFile>,
 }
 
+/// The DuckLake version a JSON object (a manifest, a dump of commits) says its rows are of,
+/// in its `"ducklake_version"`: 0.3 when it names none.
+///
+/// # Errors
+/// What is wrong with the field, as a message that follows the object's name.
+pub fn ducklake_version_field(object: &Value) -> std::result::Result<DuckLakeVersion, String> {
+    match object.get("ducklake_version") {
+        None => Ok(DuckLakeVersion::default()),
+        Some(name) => name
+            .as_str()
+            .and_then(DuckLakeVersion::parse)
+            .ok_or_else(|| {
+                format!("names DuckLake version {name}, which this moraine does not serve")
+            }),
+    }
+}
+
 fn format_name(format: ExportFormat) -> &'static str {
     match format {
         ExportFormat::Parquet => "parquet",
@@ -156,15 +173,7 @@ impl Manifest {
             Some(Value::String(snapshot)) => Some(snapshot.clone()),
             Some(other) => return Err(format!("names snapshot {other}, not a string")),
         };
-        let ducklake = match manifest.get("ducklake_version") {
-            None => DuckLakeVersion::default(),
-            Some(name) => name
-                .as_str()
-                .and_then(DuckLakeVersion::parse)
-                .ok_or_else(|| {
-                    format!("names DuckLake version {name}, which this moraine does not serve")
-                })?,
-        };
+        let ducklake = ducklake_version_field(&manifest)?;
         let mut files: Vec<WrittenFile> = Vec::new();
         let tables = manifest
             .get("tables")
