@@ -373,8 +373,9 @@ impl Upload {
     }
 
     /// The changes the upload's rows make as rows of `shape` in DuckLake `version`, batch by
-    /// batch as they are read, and the tally of what was read. A stream that ends without batches makes no
-    /// change, but its schema is still checked, so that a wrong upload is not silently empty.
+    /// batch as they are read, and the tally of what was read. A stream that ends without
+    /// batches makes no change, but its schema is still checked, so that a wrong upload is not
+    /// silently empty.
     pub(crate) fn changes(
         self,
         shape: RowShape,
