@@ -116,9 +116,12 @@ pub fn mapping_load_schema() -> SchemaRef {
 /// when it is finished (checking each short string on its own costs more than reading it).
 #[derive(Debug)]
 pub struct TextBuilder {
-    offsets: Vec<usize>,
+    /// Arrow's offsets, as they will be handed over.
+    offsets: Vec<i32>,
     values: Vec<u8>,
     nulls: NullBufferBuilder,
+    /// Whether the values outgrew what `i32` offsets address.
+    overflow: bool,
 }
 
 impl TextBuilder {
@@ -131,37 +134,56 @@ impl TextBuilder {
             offsets,
             values: Vec::with_capacity(bytes),
             nulls: NullBufferBuilder::new(rows),
+            overflow: false,
         }
+    }
+
+    /// The offset of the end of the values, as Arrow holds it.
+    #[inline]
+    fn end(&mut self) -> i32 {
+        i32::try_from(self.values.len()).unwrap_or_else(|_| {
+            self.overflow = true;
+            i32::MAX
+        })
     }
 
     /// Appends a value.
     #[inline]
     pub fn append(&mut self, value: &[u8]) {
         self.values.extend_from_slice(value);
-        self.offsets.push(self.values.len());
+        let end = self.end();
+        self.offsets.push(end);
         self.nulls.append_non_null();
     }
 
     /// Appends NULL.
     #[inline]
     pub fn append_null(&mut self) {
-        self.offsets.push(self.values.len());
+        let end = self.end();
+        self.offsets.push(end);
         self.nulls.append_null();
     }
 
-    /// The values appended so far; the builder starts over empty.
+    /// The values appended so far; the builder starts over empty, with room for as many
+    /// values and bytes as it just held (the next batch is most likely the same size).
     ///
     /// # Errors
     /// When a value is not UTF-8, or the values outgrow a string array's offsets.
     pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
-        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
-        let offsets = offsets
-            .into_iter()
-            .map(i32::try_from)
-            .collect::<Result<Vec<i32>, _>>()
-            .map_err(|_| ArrowError::ComputeError("a string column over 2 GiB".into()))?;
-        let values = std::mem::take(&mut self.values);
-        let nulls = self.nulls.finish();
+        let rows = self.offsets.len() - 1;
+        let next = Self::with_capacity(rows, self.values.len());
+        let Self {
+            offsets,
+            values,
+            mut nulls,
+            overflow,
+        } = std::mem::replace(self, next);
+        if overflow {
+            return Err(ArrowError::ComputeError(
+                "a string column over 2 GiB".into(),
+            ));
+        }
+        let nulls = nulls.finish();
         Ok(Arc::new(StringArray::try_new(
             OffsetBuffer::new(ScalarBuffer::from(offsets)),
             Buffer::from(values),
@@ -240,15 +262,24 @@ impl ColumnBuilder {
         }
     }
 
-    /// The values appended so far; the builder starts over empty.
+    /// The values appended so far; the builder starts over empty, with room for as many
+    /// values as it just held, so that a scan's batches after the first grow nothing.
     ///
     /// # Errors
     /// When a VARCHAR value is not UTF-8.
     pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
         Ok(match self {
-            Self::BigInt(b) => Arc::new(b.finish()),
+            Self::BigInt(b) => {
+                let array = b.finish();
+                *b = Int64Builder::with_capacity(array.len());
+                Arc::new(array)
+            }
             Self::Varchar(b) => b.finish()?,
-            Self::Boolean(b) => Arc::new(b.finish()),
+            Self::Boolean(b) => {
+                let array = b.finish();
+                *b = BooleanBuilder::with_capacity(array.len());
+                Arc::new(array)
+            }
         })
     }
 }
@@ -386,7 +417,57 @@ impl<'a> Columns<'a> {
 
 #[cfg(test)]
 mod tests {
-    use crate::model::{ColumnMappingRow, DataFileRow, NameMappingRow};
+    use datafusion::arrow::array::{Array as _, AsArray as _};
+
+    use super::{ColumnBuilder, TextBuilder};
+    use crate::model::{ColumnMappingRow, DataFileRow, NameMappingRow, SqlType};
+
+    /// A finished text column holds what was appended, and the builder starts the next batch
+    /// with room for as many values and bytes, so that a scan's later batches grow nothing.
+    #[test]
+    fn a_finished_text_builder_keeps_room_for_the_next_batch() {
+        let mut builder = TextBuilder::with_capacity(0, 0);
+        for batch in 0..2 {
+            builder.append(b"id");
+            builder.append_null();
+            builder.append("größe".as_bytes());
+            let array = builder.finish().expect("UTF-8 values");
+            let strings = array.as_string::<i32>();
+            assert_eq!(strings.len(), 3, "batch {batch}");
+            assert_eq!(strings.value(0), "id");
+            assert!(strings.is_null(1));
+            assert_eq!(strings.value(2), "größe");
+            assert!(builder.offsets.capacity() >= 4, "batch {batch}");
+            assert!(
+                builder.values.capacity() >= "idgröße".len(),
+                "batch {batch}"
+            );
+            assert_eq!(builder.offsets, [0]);
+            assert!(builder.values.is_empty());
+        }
+        builder.append(&[0xff]);
+        assert!(builder.finish().is_err(), "not UTF-8 is refused");
+    }
+
+    /// BIGINT and BOOLEAN builders keep their room across a finish too.
+    #[test]
+    fn finished_column_builders_keep_room_for_the_next_batch() {
+        for ty in [SqlType::BigInt, SqlType::Boolean] {
+            let mut builder = ColumnBuilder::new(ty, 0);
+            for _ in 0..1000 {
+                builder.int(Some(7));
+                builder.boolean(Some(true));
+            }
+            assert_eq!(builder.finish().expect("finished").len(), 1000);
+            let room = match &builder {
+                ColumnBuilder::BigInt(b) => b.capacity(),
+                ColumnBuilder::Boolean(b) => b.capacity(),
+                ColumnBuilder::Varchar(_) => 0,
+            };
+            assert!(room >= 1000, "{ty:?}: room for {room} values");
+            assert_eq!(builder.finish().expect("finished").len(), 0);
+        }
+    }
 
     /// Each named position is where its column stands in the model's column table.
     #[test]
