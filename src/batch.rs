@@ -164,14 +164,23 @@ impl TextBuilder {
         self.nulls.append_null();
     }
 
-    /// The values appended so far; the builder starts over empty, with room for as many
-    /// values and bytes as it just held (the next batch is most likely the same size).
+    /// The values appended so far; the builder starts over empty.
     ///
     /// # Errors
     /// When a value is not UTF-8, or the values outgrow a string array's offsets.
     pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
-        let rows = self.offsets.len() - 1;
-        let next = Self::with_capacity(rows, self.values.len());
+        self.finish_with_room(false)
+    }
+
+    /// The values appended so far; the builder starts over empty, with room for as many
+    /// values and bytes as it just held when `keep_room` (another batch, most likely of
+    /// the same size, follows).
+    fn finish_with_room(&mut self, keep_room: bool) -> Result<ArrayRef, ArrowError> {
+        let next = if keep_room {
+            Self::with_capacity(self.offsets.len() - 1, self.values.len())
+        } else {
+            Self::with_capacity(0, 0)
+        };
         let Self {
             offsets,
             values,
@@ -262,19 +271,33 @@ impl ColumnBuilder {
         }
     }
 
-    /// The values appended so far; the builder starts over empty, with room for as many
-    /// values as it just held, so that a scan's batches after the first grow nothing.
+    /// The values appended so far; the builder starts over empty.
     ///
     /// # Errors
     /// When a VARCHAR value is not UTF-8.
     pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
+        Ok(match self {
+            Self::BigInt(b) => Arc::new(b.finish()),
+            Self::Varchar(b) => b.finish()?,
+            Self::Boolean(b) => Arc::new(b.finish()),
+        })
+    }
+
+    /// The values appended so far, for a builder that goes on to build another batch: it
+    /// starts over empty with room for as many values as it just held, so that a scan's
+    /// batches after the first grow nothing. (A builder finished once, or replaced after,
+    /// takes [`finish`](Self::finish), which allocates nothing for a next batch.)
+    ///
+    /// # Errors
+    /// When a VARCHAR value is not UTF-8.
+    pub fn finish_for_more(&mut self) -> Result<ArrayRef, ArrowError> {
         Ok(match self {
             Self::BigInt(b) => {
                 let array = b.finish();
                 *b = Int64Builder::with_capacity(array.len());
                 Arc::new(array)
             }
-            Self::Varchar(b) => b.finish()?,
+            Self::Varchar(b) => b.finish_with_room(true)?,
             Self::Boolean(b) => {
                 let array = b.finish();
                 *b = BooleanBuilder::with_capacity(array.len());
@@ -431,7 +454,7 @@ mod tests {
             builder.append(b"id");
             builder.append_null();
             builder.append("größe".as_bytes());
-            let array = builder.finish().expect("UTF-8 values");
+            let array = builder.finish_with_room(true).expect("UTF-8 values");
             let strings = array.as_string::<i32>();
             assert_eq!(strings.len(), 3, "batch {batch}");
             assert_eq!(strings.value(0), "id");
@@ -458,14 +481,23 @@ mod tests {
                 builder.int(Some(7));
                 builder.boolean(Some(true));
             }
-            assert_eq!(builder.finish().expect("finished").len(), 1000);
+            assert_eq!(builder.finish_for_more().expect("finished").len(), 1000);
             let room = match &builder {
                 ColumnBuilder::BigInt(b) => b.capacity(),
                 ColumnBuilder::Boolean(b) => b.capacity(),
                 ColumnBuilder::Varchar(_) => 0,
             };
             assert!(room >= 1000, "{ty:?}: room for {room} values");
-            assert_eq!(builder.finish().expect("finished").len(), 0);
+            builder.int(Some(7));
+            builder.boolean(Some(true));
+            // A builder finished for good keeps no room.
+            assert_eq!(builder.finish().expect("finished").len(), 1);
+            let room = match &builder {
+                ColumnBuilder::BigInt(b) => b.capacity(),
+                ColumnBuilder::Boolean(b) => b.capacity(),
+                ColumnBuilder::Varchar(_) => usize::MAX,
+            };
+            assert_eq!(room, 0, "{ty:?}");
         }
     }
 

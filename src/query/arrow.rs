@@ -354,7 +354,7 @@ impl RecordBuilder {
             .out
             .builders
             .iter_mut()
-            .map(ColumnBuilder::finish)
+            .map(ColumnBuilder::finish_for_more)
             .collect::<Result<Vec<ArrayRef>, _>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(self.out.rows));
         self.out.rows = 0;
