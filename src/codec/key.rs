@@ -386,10 +386,10 @@ impl Keyspace {
         kind: Kind,
         table_id: TableId,
         id: i64,
-    ) -> Vec<u8> {
+    ) -> Option<[u8; 8]> {
         let index = kind.counterpart();
         self.put_row_key(out, index, table_id, id);
-        Self::index_value(index, table_id)
+        Self::index_table(index, table_id)
     }
 
     /// The index entry of a row key: the same row under `kind.counterpart()`.
@@ -402,11 +402,13 @@ impl Keyspace {
     /// where the key does not hold it.
     #[must_use]
     pub fn index_value(index: Kind, table_id: TableId) -> Vec<u8> {
-        if index.is_index() && index.arity() == 1 {
-            encode_i64(table_id.0).to_vec()
-        } else {
-            Vec::new()
-        }
+        Self::index_table(index, table_id).map_or_else(Vec::new, |table| table.to_vec())
+    }
+
+    /// The value of an index entry of kind `index` for a row of table `table_id`, when it is
+    /// not empty: the table, where the key does not hold it.
+    fn index_table(index: Kind, table_id: TableId) -> Option<[u8; 8]> {
+        (index.is_index() && index.arity() == 1).then(|| encode_i64(table_id.0))
     }
 
     /// The guard key of the tables of row kind `kind`, for table `table_id`.

@@ -93,11 +93,18 @@ enum Step {
     RequirePresent,
 }
 
-/// The previous states of the keys a change touched, so that the change can be taken back.
+/// What a change did to the staged writes, so that it can be taken back: the previous states
+/// of the keys it changed that were staged before it, and where the keys it created begin.
+/// Keys are created at the end of the staging order and nothing is taken out while a change
+/// is made, so the keys a change created are the entries from the first of them on: taking
+/// them back is one truncation, and the log holds nothing per created key (nor per later
+/// change to one).
 #[derive(Debug)]
 #[must_use = "an undo log does nothing unless it is applied or dropped on purpose"]
 pub struct Undo {
-    previous: Vec<(Bytes, Option<Staged>)>,
+    previous: Vec<(Bytes, Staged)>,
+    /// The position of the first key the change created, if it created one.
+    created_from: Option<usize>,
     /// How many range requirements there were before the first one this change added.
     ranges_before: Option<usize>,
     /// Whether changes are recorded at all: a change that will never be taken back need not
@@ -116,6 +123,7 @@ impl Undo {
     pub fn new() -> Self {
         Self {
             previous: Vec::new(),
+            created_from: None,
             ranges_before: None,
             recording: true,
         }
@@ -124,9 +132,8 @@ impl Undo {
     /// A log that records nothing, for changes that are never taken back.
     pub fn off() -> Self {
         Self {
-            previous: Vec::new(),
-            ranges_before: None,
             recording: false,
+            ..Self::new()
         }
     }
 
@@ -136,16 +143,25 @@ impl Undo {
         self.previous.len()
     }
 
-    fn record(&mut self, key: Bytes, previous: Option<Staged>) {
+    /// The key at position `at` was created.
+    fn created(&mut self, at: usize) {
         if self.recording {
-            self.previous.push((key, previous));
+            self.created_from.get_or_insert(at);
+        }
+    }
+
+    /// The key at position `at` held `previous` before it was changed.
+    fn changed(&mut self, at: usize, key: &Bytes, previous: Staged) {
+        // A key this change created goes back by the truncation, whatever it holds since.
+        if self.recording && self.created_from.is_none_or(|from| at < from) {
+            self.previous.push((key.clone(), previous));
         }
     }
 
     /// Whether the change touched nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.previous.is_empty() && self.ranges_before.is_none()
+        self.previous.is_empty() && self.created_from.is_none() && self.ranges_before.is_none()
     }
 }
 
@@ -394,10 +410,10 @@ impl StagedWrites {
             .chain(all.into_iter().flat_map(|positions| self.at(positions)))
     }
 
-    /// After the key at position `at` was taken out: if it was in the key order, forgets the
-    /// order (positions after it may have moved), and the next seal sorts every key again.
-    /// A change taken back removes the keys it staged newest first, which are past the order
-    /// unless the writes were sealed in the middle of it.
+    /// After the keys from position `at` on were taken out: if one was in the key order,
+    /// forgets the order, and the next seal sorts every key again. A change taken back
+    /// removes the keys it created, which are past the order unless the writes were sealed
+    /// in the middle of it.
     fn unseal_from(&mut self, at: usize) {
         if at < self.sealed {
             self.order.clear();
@@ -520,7 +536,7 @@ impl StagedWrites {
     /// stored record (an update, a delete) or when they depend on a key they do not write.
     pub fn require(&mut self, key: Bytes, requirement: Requirement, undo: &mut Undo) {
         if let Entry::Vacant(slot) = self.entries.entry(key) {
-            undo.record(slot.key().clone(), None);
+            undo.created(slot.index());
             self.bytes += slot.key().len();
             slot.insert(Staged {
                 requirement,
@@ -605,7 +621,7 @@ impl StagedWrites {
     pub fn insert_new(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Prior {
         match self.entries.entry(key) {
             Entry::Vacant(slot) => {
-                undo.record(slot.key().clone(), None);
+                undo.created(slot.index());
                 self.bytes += slot.key().len() + value.len();
                 slot.insert(Staged {
                     requirement: Requirement::Absent,
@@ -635,11 +651,10 @@ impl StagedWrites {
                     requirement,
                     write: Some(Some(value)),
                 };
-                let key = slot.key().clone();
                 let previous = std::mem::replace(slot.get_mut(), next);
-                self.bytes -= previous.bytes(&key);
-                self.bytes += slot.get().bytes(&key);
-                undo.record(key, Some(previous));
+                self.bytes -= previous.bytes(slot.key());
+                self.bytes += slot.get().bytes(slot.key());
+                undo.changed(slot.index(), slot.key(), previous);
                 prior
             }
         }
@@ -657,7 +672,7 @@ impl StagedWrites {
         undo: &mut Undo,
         rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
     ) -> Result<bool, E> {
-        let Some((_, stored_key, staged)) = self.entries.get_full_mut(key) else {
+        let Some((at, stored_key, staged)) = self.entries.get_full_mut(key) else {
             return Ok(false);
         };
         let Some(Some(old)) = &staged.write else {
@@ -672,7 +687,7 @@ impl StagedWrites {
             write: staged.write.replace(Some(new)),
         };
         self.bytes = self.bytes - old_len + new_len;
-        undo.record(stored_key.clone(), Some(previous));
+        undo.changed(at, stored_key, previous);
         Ok(true)
     }
 
@@ -724,29 +739,25 @@ impl StagedWrites {
                 self.bytes -= range.range.start.len() + range.range.end.len();
             }
         }
-        // Newest first: a key the change created is the last one staged when its turn comes,
-        // so taking it out moves no other key.
+        // The keys staged before the change, newest change first so that a key changed twice
+        // ends as it was before the first; then the keys it created, from the end.
         for (key, previous) in undo.previous.into_iter().rev() {
-            match previous {
-                Some(previous) => {
-                    self.bytes += previous.bytes(&key);
-                    match self.entries.get_mut(key.as_ref()) {
-                        Some(now) => {
-                            let now = std::mem::replace(now, previous);
-                            self.bytes -= now.bytes(&key);
-                        }
-                        None => {
-                            self.entries.insert(key, previous);
-                        }
-                    }
+            self.bytes += previous.bytes(&key);
+            match self.entries.get_mut(key.as_ref()) {
+                Some(now) => {
+                    let now = std::mem::replace(now, previous);
+                    self.bytes -= now.bytes(&key);
                 }
                 None => {
-                    if let Some((at, _, now)) = self.entries.swap_remove_full(key.as_ref()) {
-                        self.bytes -= now.bytes(&key);
-                        self.unseal_from(at);
-                    }
+                    self.entries.insert(key, previous);
                 }
             }
+        }
+        if let Some(from) = undo.created_from {
+            for (key, now) in self.entries.drain(from..) {
+                self.bytes -= now.bytes(&key);
+            }
+            self.unseal_from(from);
         }
     }
 
@@ -773,7 +784,7 @@ impl StagedWrites {
                         write: None,
                     },
                 };
-                undo.record(slot.key().clone(), None);
+                undo.created(slot.index());
                 self.bytes += staged.bytes(slot.key());
                 slot.insert(staged);
             }
@@ -808,11 +819,10 @@ impl StagedWrites {
                         None => next.requirement = Requirement::Present,
                     },
                 }
-                let key = slot.key().clone();
                 let previous = std::mem::replace(slot.get_mut(), next);
-                self.bytes -= previous.bytes(&key);
-                self.bytes += slot.get().bytes(&key);
-                undo.record(key, Some(previous));
+                self.bytes -= previous.bytes(slot.key());
+                self.bytes += slot.get().bytes(slot.key());
+                undo.changed(slot.index(), slot.key(), previous);
             }
         }
         Ok(())

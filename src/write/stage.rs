@@ -13,6 +13,7 @@
 //! name rows have not arrived, a file whose mapping has not) is kept as state and checked when
 //! the transaction commits ([`Staging::pending`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::mem;
 use std::sync::Arc;
@@ -357,14 +358,18 @@ impl Staging {
     fn row_and_index(&mut self, kind: Kind, table_id: TableId, id: i64) -> IndexedRow {
         let (_, _, arena, keyspace) = self.parts();
         let key = arena.build(|out| keyspace.put_row_key(out, kind, table_id, id));
-        let mut index_value = Vec::new();
+        let mut index_table = None;
         let index_key = arena.build(|out| {
-            index_value = keyspace.put_index_entry(out, kind, table_id, id);
+            index_table = keyspace.put_index_entry(out, kind, table_id, id);
         });
+        let index_value = match index_table {
+            Some(table) => arena.build(|out| out.extend_from_slice(&table)),
+            None => Bytes::new(),
+        };
         IndexedRow {
             key,
             index_key,
-            index_value: Bytes::from(index_value),
+            index_value,
         }
     }
 
@@ -865,13 +870,13 @@ impl Staging {
                     let record = read_mapping(value)?;
                     let head = record.head();
                     let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
-                    let merged: Vec<NameRef<'_>> = if existing.is_empty() {
-                        group.to_vec()
+                    let merged: Cow<'_, [NameRef<'_>]> = if existing.is_empty() {
+                        Cow::Borrowed(group)
                     } else {
                         let mut merged = existing;
                         merged.extend_from_slice(group);
                         merged.sort_by_key(|name| name.column_id);
-                        merged
+                        Cow::Owned(merged)
                     };
                     let mut pending = Vec::new();
                     if fold::check_names(mapping_id, &merged, violations, &mut pending) {
@@ -944,28 +949,43 @@ impl Staging {
         let mut key = Vec::new();
         let mut references = Vec::new();
         for ((row, data_file_id, table_id), found) in candidates.into_iter().zip(found) {
-            // The index is unique: its one key per id says whether the transaction wrote it.
-            key_into(
-                &mut key,
-                &keyspace,
-                Kind::DataFileById,
-                table_id,
-                data_file_id,
-            );
-            if matches!(self.writes.read(&key), Some(Some(_))) {
-                violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
-                continue;
-            }
-            let live_in_base = in_base.get(&data_file_id).is_some_and(|tables| {
-                tables.iter().any(|table| {
+            let file = self.row_and_index(Kind::DataFile, TableId(table_id), data_file_id);
+            if let Some(tables) = in_base.get(&data_file_id) {
+                // The index is unique: its one key per id says whether the transaction wrote
+                // it.
+                if matches!(self.writes.read(&file.index_key), Some(Some(_))) {
+                    violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
+                    continue;
+                }
+                let live_in_base = tables.iter().any(|table| {
                     key_into(&mut key, &keyspace, Kind::DataFile, *table, data_file_id);
                     !matches!(self.writes.read(&key), Some(None))
-                })
-            });
-            if live_in_base {
-                violations.push(Violation::DataFileExists { data_file_id });
-                continue;
+                });
+                if live_in_base {
+                    violations.push(Violation::DataFileExists { data_file_id });
+                    continue;
+                }
             }
+            let (writes, undo, arena, _) = self.parts();
+            // One look-up both finds an id the transaction already wrote and stages the new
+            // one's index entry.
+            match writes.insert_new(file.index_key, file.index_value, undo) {
+                Prior::Unstaged | Prior::Deleted => {}
+                Prior::Written => {
+                    violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
+                    continue;
+                }
+                Prior::Required => {
+                    violations.push(Violation::DataFileExists { data_file_id });
+                    continue;
+                }
+            }
+            let mut encoded = Ok(());
+            let value = arena.build(|out| {
+                encoded = encode_data_file_into(out, |i| rows.cell(i, row));
+            });
+            encoded?;
+            writes.insert(file.key, value, undo)?;
             if let (Some(mapping_id), Some(found)) = (rows.int(data_file::MAPPING_ID, row), found) {
                 references.push(Reference {
                     data_file_id,
@@ -974,15 +994,6 @@ impl Staging {
                     found,
                 });
             }
-            let file = self.row_and_index(Kind::DataFile, TableId(table_id), data_file_id);
-            let (writes, undo, arena, _) = self.parts();
-            let mut encoded = Ok(());
-            let value = arena.build(|out| {
-                encoded = encode_data_file_into(out, |i| rows.cell(i, row));
-            });
-            encoded?;
-            writes.insert(file.key, value, undo)?;
-            writes.insert(file.index_key, file.index_value, undo)?;
             self.summary.files_created += 1;
         }
         self.references.extend(references);
@@ -1344,6 +1355,10 @@ impl Staging {
     }
 
     fn set_missing_parents(&mut self, key: MappingKey, missing: Vec<Violation>) {
+        if missing.is_empty() && self.missing_parents.is_empty() {
+            // What almost every mapping does: nothing to record, nothing to look up.
+            return;
+        }
         let previous = if missing.is_empty() {
             self.missing_parents.remove(&key)
         } else {

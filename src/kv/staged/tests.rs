@@ -35,6 +35,45 @@ fn changes_fold_per_key_and_undo_restores_exactly() {
     assert_eq!(staged.bytes(), 2 + 1);
 }
 
+/// A change that creates keys logs nothing per created key, nor per later change to one: they
+/// go back as one truncation. Only keys staged before the change are logged, once per change
+/// to them.
+#[test]
+fn created_keys_are_taken_back_without_a_log_entry_each() {
+    let mut staged = StagedWrites::new();
+    let mut first = Undo::new();
+    staged.put(b("old"), b("1"), &mut first).expect("put");
+    let before = staged.clone();
+
+    let mut change = Undo::new();
+    for i in 0..100 {
+        let key = Bytes::from(format!("new{i:03}"));
+        staged
+            .insert(key.clone(), b("v"), &mut change)
+            .expect("insert");
+        let rewritten = staged.rewrite(&key, &mut change, |_| Ok::<_, ()>(Some(b("vv"))));
+        assert_eq!(rewritten, Ok(true));
+    }
+    assert_eq!(change.len(), 0, "created keys are not logged one by one");
+    staged.put(b("old"), b("2"), &mut change).expect("put");
+    staged.delete(b("old"), &mut change).expect("delete");
+    assert_eq!(
+        change.len(),
+        2,
+        "a key staged before the change is logged per change"
+    );
+    staged.seal();
+    staged.undo(change);
+    assert_eq!(staged, before);
+    assert_eq!(staged.len(), 1);
+    assert_eq!(
+        staged.iter().count(),
+        1,
+        "the key order forgets the created keys"
+    );
+    assert_eq!(staged.read(b"old"), Some(Some(&b("1"))));
+}
+
 #[test]
 fn contradictions_are_refused() {
     let mut staged = StagedWrites::new();
