@@ -404,6 +404,18 @@ impl<'a> Columns<'a> {
         }
     }
 
+    /// Whether column `i` holds a NULL (or is not there): when it does not, every row has a
+    /// value in it, and a check per row can be skipped.
+    #[must_use]
+    pub fn has_nulls(&self, i: usize) -> bool {
+        match self.columns.get(i) {
+            Some(Typed::BigInt(a)) => a.null_count() > 0,
+            Some(Typed::Varchar(a)) => a.null_count() > 0,
+            Some(Typed::Boolean(a)) => a.null_count() > 0,
+            None => true,
+        }
+    }
+
     /// VARCHAR column `i` of row `row`.
     #[must_use]
     #[inline]

@@ -85,12 +85,20 @@ enum Found {
     Missing,
 }
 
+/// A mapping the transaction inserted, as its later name rows find it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Inserted {
+    table_id: i64,
+    /// Whether it has a name row yet.
+    named: bool,
+}
+
 /// A change to the staging's own bookkeeping, so that it can be taken back.
 #[derive(Debug)]
 enum Change {
     InsertedId {
         id: i64,
-        previous: Option<i64>,
+        previous: Option<Inserted>,
     },
     Unnamed {
         key: (i64, i64),
@@ -147,10 +155,11 @@ pub struct Staging {
     base: CatalogSnapshot,
     writes: Arc<StagedWrites>,
     arena: Arena,
-    /// Per `mapping_id`, the table of the mapping the transaction inserted that its later
-    /// name rows join.
-    inserted_ids: HashMap<i64, i64, RandomState>,
-    /// Mappings inserted with no name row yet, `(table_id, mapping_id)`.
+    /// Per `mapping_id`, the mapping the transaction inserted that its later name rows join:
+    /// its table, and whether it has a name row yet.
+    inserted_ids: HashMap<i64, Inserted, RandomState>,
+    /// Mappings inserted with no name row yet, `(table_id, mapping_id)`, that
+    /// `inserted_ids` does not hold (their id was inserted into another table first).
     unnamed: HashSet<(i64, i64), RandomState>,
     /// Mappings with a `parent_column` that is none of their columns (yet).
     missing_parents: HashMap<(i64, i64), Vec<Violation>, RandomState>,
@@ -297,19 +306,15 @@ impl Staging {
         for change in journal.changes.into_iter().rev() {
             match change {
                 Change::InsertedId { id, previous } => match previous {
-                    Some(table) => {
-                        self.inserted_ids.insert(id, table);
+                    Some(inserted) => {
+                        self.inserted_ids.insert(id, inserted);
                     }
                     None => {
                         self.inserted_ids.remove(&id);
                     }
                 },
                 Change::Unnamed { key, was } => {
-                    if was {
-                        self.unnamed.insert(key);
-                    } else {
-                        self.unnamed.remove(&key);
-                    }
+                    self.mark_unnamed(key, was);
                 }
                 Change::MissingParents { key, previous } => match previous {
                     Some(previous) => {
@@ -796,35 +801,51 @@ impl Staging {
     fn insert_names(&mut self, insert: &Insert, violations: &mut Vec<Violation>) -> Result<u64> {
         let rows = canonical(insert)?;
         let first = self.positions(CatalogTable::NameMapping, rows.len());
+        let required = [
+            name_mapping::MAPPING_ID,
+            name_mapping::COLUMN_ID,
+            name_mapping::SOURCE_NAME,
+            name_mapping::TARGET_FIELD_ID,
+            name_mapping::IS_PARTITION,
+        ];
+        let all_valid = !required.iter().any(|&column| rows.has_nulls(column));
         let mut valid: Vec<u32> = Vec::with_capacity(rows.len());
-        for row in 0..rows.len() {
-            let null = |column, row_id| Violation::NullColumn {
-                table: CatalogTable::NameMapping,
-                column,
-                row: first + row,
-                row_id,
-            };
-            let Some(mapping_id) = rows.int(name_mapping::MAPPING_ID, row) else {
-                violations.push(null("mapping_id", None));
-                continue;
-            };
-            let before = violations.len();
-            if rows.int(name_mapping::COLUMN_ID, row).is_none() {
-                violations.push(null("column_id", Some(mapping_id)));
-            }
-            if rows.text(name_mapping::SOURCE_NAME, row).is_none() {
-                violations.push(null("source_name", Some(mapping_id)));
-            }
-            if rows.int(name_mapping::TARGET_FIELD_ID, row).is_none() {
-                violations.push(null("target_field_id", Some(mapping_id)));
-            }
-            if rows.boolean(name_mapping::IS_PARTITION, row).is_none() {
-                violations.push(null("is_partition", Some(mapping_id)));
-            }
-            if violations.len() == before {
-                valid.push(u32::try_from(row).map_err(|_| Error::InvalidRequest {
-                    reason: "a batch of more than 2^32 rows".into(),
-                })?);
+        if all_valid {
+            // No NULL where one is refused (what every well-formed batch is): no row to check.
+            let len = u32::try_from(rows.len()).map_err(|_| Error::InvalidRequest {
+                reason: "a batch of more than 2^32 rows".into(),
+            })?;
+            valid.extend(0..len);
+        } else {
+            for row in 0..rows.len() {
+                let null = |column, row_id| Violation::NullColumn {
+                    table: CatalogTable::NameMapping,
+                    column,
+                    row: first + row,
+                    row_id,
+                };
+                let Some(mapping_id) = rows.int(name_mapping::MAPPING_ID, row) else {
+                    violations.push(null("mapping_id", None));
+                    continue;
+                };
+                let before = violations.len();
+                if rows.int(name_mapping::COLUMN_ID, row).is_none() {
+                    violations.push(null("column_id", Some(mapping_id)));
+                }
+                if rows.text(name_mapping::SOURCE_NAME, row).is_none() {
+                    violations.push(null("source_name", Some(mapping_id)));
+                }
+                if rows.int(name_mapping::TARGET_FIELD_ID, row).is_none() {
+                    violations.push(null("target_field_id", Some(mapping_id)));
+                }
+                if rows.boolean(name_mapping::IS_PARTITION, row).is_none() {
+                    violations.push(null("is_partition", Some(mapping_id)));
+                }
+                if violations.len() == before {
+                    valid.push(u32::try_from(row).map_err(|_| Error::InvalidRequest {
+                        reason: "a batch of more than 2^32 rows".into(),
+                    })?);
+                }
             }
         }
         let order = fold::grouped(&rows, &valid);
@@ -857,7 +878,10 @@ impl Staging {
         group: &[NameRef<'_>],
         violations: &mut Vec<Violation>,
     ) -> Result<()> {
-        let table_id = self.inserted_ids.get(&mapping_id).copied();
+        let table_id = self
+            .inserted_ids
+            .get(&mapping_id)
+            .map(|inserted| inserted.table_id);
         let mut outcome = None;
         let held = match table_id {
             None => false,
@@ -1148,9 +1172,14 @@ impl Staging {
             if kind == Kind::Mapping {
                 self.mappings_deleted = true;
             }
-            if kind == Kind::Mapping && self.inserted_ids.get(&id) == Some(&table_id) {
-                self.remove_inserted_id(id);
+            if kind == Kind::Mapping
+                && self
+                    .inserted_ids
+                    .get(&id)
+                    .is_some_and(|inserted| inserted.table_id == table_id)
+            {
                 self.set_unnamed((table_id, id), false);
+                self.remove_inserted_id(id);
                 self.set_missing_parents((table_id, id), Vec::new());
             }
             deleted += 1;
@@ -1229,7 +1258,13 @@ impl Staging {
     pub fn pending(&self) -> Vec<Violation> {
         let keyspace = self.base.keyspace();
         // In key order, as the mappings are stored.
-        let mut unnamed: Vec<MappingKey> = self.unnamed.iter().copied().collect();
+        let mut unnamed: Vec<MappingKey> = self
+            .inserted_ids
+            .iter()
+            .filter(|(_, inserted)| !inserted.named)
+            .map(|(&id, inserted)| (inserted.table_id, id))
+            .chain(self.unnamed.iter().copied())
+            .collect();
         unnamed.sort_unstable();
         let mut out: Vec<Violation> = unnamed
             .into_iter()
@@ -1329,7 +1364,10 @@ impl Staging {
 
     fn set_inserted_id(&mut self, id: i64, table_id: i64) {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.inserted_ids.entry(id) {
-            slot.insert(table_id);
+            slot.insert(Inserted {
+                table_id,
+                named: true,
+            });
             self.record(Change::InsertedId { id, previous: None });
         }
     }
@@ -1344,13 +1382,25 @@ impl Staging {
     }
 
     fn set_unnamed(&mut self, key: MappingKey, unnamed: bool) {
-        let was = if unnamed {
-            !self.unnamed.insert(key)
-        } else {
-            self.unnamed.remove(&key)
-        };
+        let was = self.mark_unnamed(key, unnamed);
         if was != unnamed {
             self.record(Change::Unnamed { key, was });
+        }
+    }
+
+    /// Sets whether mapping `key` has no name row yet, recording nothing; returns whether it
+    /// had none before. A mapping `inserted_ids` holds keeps it there, where its name rows
+    /// look it up anyway.
+    fn mark_unnamed(&mut self, key: MappingKey, unnamed: bool) -> bool {
+        let (table_id, id) = key;
+        match self.inserted_ids.get_mut(&id) {
+            Some(inserted) if inserted.table_id == table_id => {
+                let was = !inserted.named;
+                inserted.named = !unnamed;
+                was
+            }
+            _ if unnamed => !self.unnamed.insert(key),
+            _ => self.unnamed.remove(&key),
         }
     }
 
