@@ -389,3 +389,72 @@ async fn table_id_filters_read_table_ranges_not_the_whole_table() {
     .await;
     assert!(unpushed.contains("full scan"), "{unpushed}");
 }
+
+/// Collects the rows of `sql` run on `engine`, sorted.
+async fn sorted_rows(engine: &QueryEngine, sql: &str) -> Vec<Vec<String>> {
+    let mut got = rows(&run(engine, sql).await);
+    got.sort();
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_plan_reads_the_snapshot_of_each_execution() {
+    let seed = seed();
+    let mut rng = Rng(seed);
+    let t = Backend::Redb.open().await;
+    let catalog = t.catalog();
+    let shape = generate(&catalog, &mut rng).await;
+    let sqls = queries(&shape, &mut rng);
+    let kept = QueryEngine::new(catalog.clone());
+    let kept_plain = QueryEngine::with_fast_paths(catalog.clone(), FastPaths::NONE);
+    let mut before = Vec::new();
+    for sql in &sqls {
+        before.push(sorted_rows(&kept, sql).await);
+        sorted_rows(&kept_plain, sql).await;
+    }
+    // More rows in every table, after both engines kept their plans.
+    let (mut maps, mut names, mut files) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, table) in (10_000..).zip(&shape.tables) {
+        maps.push(ColumnMappingRow {
+            mapping_id: Some(i),
+            table_id: Some(*table),
+            map_type: Some("map_by_name".into()),
+        });
+        names.push(NameMappingRow {
+            mapping_id: Some(i),
+            column_id: Some(0),
+            source_name: Some(format!("later{i}")),
+            target_field_id: Some(1),
+            parent_column: None,
+            is_partition: Some(false),
+        });
+        files.push(file(i + 1_000, *table, Some(i), 0, &mut rng));
+    }
+    let mut batch = StagedBatch::new();
+    batch
+        .push(Op::Insert(Insert::column_mappings(&maps)))
+        .push(Op::Insert(Insert::name_mappings(&names)))
+        .push(Op::Insert(Insert::data_files(&files)));
+    commit_batch(&catalog, &batch).await.expect("later rows");
+
+    let fresh = QueryEngine::with_fast_paths(catalog.clone(), FastPaths::NONE);
+    let mut changed = 0;
+    for (sql, before) in sqls.iter().zip(before) {
+        let want = sorted_rows(&fresh, sql).await;
+        // Two executions of one kept plan at once, each with its own state.
+        let (a, b) = tokio::join!(sorted_rows(&kept, sql), sorted_rows(&kept, sql));
+        let plain = sorted_rows(&kept_plain, sql).await;
+        for (name, got) in [("fast", a), ("fast, concurrent", b), ("plain", plain)] {
+            assert_eq!(
+                got, want,
+                "{name}: a kept plan read another snapshot (MORAINE_SEED={seed}): {sql}"
+            );
+        }
+        changed += usize::from(want != before);
+    }
+    assert!(
+        changed > sqls.len() / 2,
+        "the later rows change most results ({changed} of {})",
+        sqls.len()
+    );
+}

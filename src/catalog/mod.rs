@@ -261,6 +261,16 @@ impl CatalogSnapshot {
         }
     }
 
+    /// The same keyspace over an empty store ([`Snapshot::empty`]): what the scans of a plan
+    /// kept between executions read until each execution binds them to its own snapshot.
+    #[must_use]
+    pub fn detached(&self) -> CatalogSnapshot {
+        CatalogSnapshot {
+            snapshot: Snapshot::empty(),
+            keyspace: self.keyspace.clone(),
+        }
+    }
+
     /// The keyspace read.
     #[must_use]
     pub fn keyspace(&self) -> &Keyspace {

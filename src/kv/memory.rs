@@ -73,6 +73,13 @@ struct MemorySnapshot {
     map: Arc<Map>,
 }
 
+/// A snapshot of an empty map.
+pub(super) fn empty_snapshot() -> Arc<dyn KvSnapshot> {
+    Arc::new(MemorySnapshot {
+        map: Arc::new(Map::new()),
+    })
+}
+
 #[async_trait]
 impl KvSnapshot for MemorySnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {

@@ -379,6 +379,15 @@ impl fmt::Debug for Snapshot {
 }
 
 impl Snapshot {
+    /// A snapshot of an empty store: what a plan kept for later executions reads until it
+    /// is bound to one (it holds no backend's state, so keeping it pins nothing).
+    #[must_use]
+    pub fn empty() -> Snapshot {
+        Snapshot {
+            inner: memory::empty_snapshot(),
+        }
+    }
+
     /// The store version this snapshot reads at, where the backend has one
     /// ([`KvSnapshot::version`]).
     #[must_use]

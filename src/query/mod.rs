@@ -134,17 +134,43 @@ pub struct QueryShape {
 /// How many planned statements the engine keeps.
 const PLAN_CACHE: usize = 256;
 
-/// A statement planned once and kept: its logical plan (bound to no snapshot: the scans read
-/// the snapshot of the execution that plans them), optimized too when it takes no
-/// parameters (with parameters, it is optimized once they are bound, so that their values
-/// reach the scans as key ranges), its parameters, and, when it takes none, the schema of
-/// its results.
+/// A statement planned once and kept: its logical plan, its parameters and, when it takes
+/// none, its physical plan, whose scans read an empty store until an execution binds them
+/// to its snapshot ([`bound_to`]), so that a repeated query is neither optimized nor planned
+/// again. With parameters, it is optimized and planned once they are bound, so that their
+/// values reach the scans as key ranges.
 #[derive(Debug)]
 struct Planned {
     plan: LogicalPlan,
-    optimized: Option<LogicalPlan>,
+    physical: Option<Arc<dyn ExecutionPlan>>,
     parameters: SchemaRef,
-    schema: Option<SchemaRef>,
+}
+
+impl Planned {
+    /// The schema of its results, when it takes no parameters.
+    fn schema(&self) -> Option<SchemaRef> {
+        self.physical.as_ref().map(|physical| physical.schema())
+    }
+}
+
+/// `kept` reading `snapshot`: every catalog scan bound to it, every other operator with its
+/// state reset (a hash join's build side, a sort's dynamic filter), as DataFusion resets a
+/// plan it runs again.
+fn bound_to(
+    kept: &Arc<dyn ExecutionPlan>,
+    snapshot: &CatalogSnapshot,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    use datafusion::common::tree_node::{Transformed, TreeNode as _};
+    Arc::clone(kept)
+        .transform_up(|node| {
+            let fresh: Arc<dyn ExecutionPlan> = match node.downcast_ref::<scan::CatalogScanExec>() {
+                Some(scan) => Arc::new(scan.at(snapshot.clone())),
+                None => node.reset_state()?,
+            };
+            Ok(Transformed::yes(fresh))
+        })
+        .map(|bound| bound.data)
+        .map_err(from_datafusion)
 }
 
 tokio::task_local! {
@@ -307,9 +333,8 @@ impl QueryEngine {
             .map_err(from_datafusion)
     }
 
-    /// `sql` planned, from the cache when it was planned before. The plan reads no snapshot
-    /// yet; planning reads none either, but the result schema is computed against `snapshot`
-    /// (the scans are built, never run).
+    /// `sql` planned, from the cache when it was planned before. The plan reads no snapshot:
+    /// its scans are planned against `snapshot` detached from its store.
     async fn planned(&self, sql: &str, snapshot: &CatalogSnapshot) -> Result<Arc<Planned>> {
         if let Some(planned) = self
             .plans
@@ -345,17 +370,18 @@ impl QueryEngine {
             .verify_plan(&plan)
             .map_err(from_datafusion)?;
         let types = plan.get_parameter_types().map_err(from_datafusion)?;
-        let (optimized, schema) = if types.is_empty() {
+        let physical = if types.is_empty() {
             let optimized = state.optimize(&plan).map_err(from_datafusion)?;
-            let physical = self.plan_physical(snapshot, &optimized, true).await?;
-            (Some(optimized), Some(physical.schema()))
+            Some(
+                self.plan_physical(&snapshot.detached(), &optimized, true)
+                    .await?,
+            )
         } else {
-            (None, None)
+            None
         };
         let planned = Arc::new(Planned {
             parameters: parameter_schema(&types),
-            optimized,
-            schema,
+            physical,
             plan,
         });
         self.plans
@@ -373,8 +399,8 @@ impl QueryEngine {
         params: Vec<ScalarValue>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let planned = self.planned(sql, snapshot).await?;
-        if let (Some(optimized), true) = (&planned.optimized, params.is_empty()) {
-            return self.plan_physical(snapshot, optimized, true).await;
+        if let (Some(kept), true) = (&planned.physical, params.is_empty()) {
+            return bound_to(kept, snapshot);
         }
         let bound = planned
             .plan
@@ -391,10 +417,9 @@ impl QueryEngine {
     pub async fn shape(&self, sql: &str) -> Result<QueryShape> {
         let snapshot = self.catalog.snapshot().await?;
         let planned = self.planned(sql, &snapshot).await?;
-        let schema = match &planned.schema {
-            Some(schema) => Arc::clone(schema),
-            None => Arc::new(planned.plan.schema().as_arrow().clone()),
-        };
+        let schema = planned
+            .schema()
+            .unwrap_or_else(|| Arc::new(planned.plan.schema().as_arrow().clone()));
         Ok(QueryShape {
             schema,
             parameters: Arc::clone(&planned.parameters),
@@ -421,9 +446,9 @@ impl QueryEngine {
         params: Vec<ScalarValue>,
     ) -> Result<SchemaRef> {
         if params.is_empty()
-            && let Some(schema) = &self.planned(sql, snapshot).await?.schema
+            && let Some(schema) = self.planned(sql, snapshot).await?.schema()
         {
-            return Ok(Arc::clone(schema));
+            return Ok(schema);
         }
         Ok(self.physical(snapshot, sql, params).await?.schema())
     }

@@ -144,6 +144,23 @@ impl CatalogScanExec {
         })
     }
 
+    /// This scan reading `snapshot`, with no state of an execution: a kept plan's scan bound
+    /// to the snapshot of the execution that runs it.
+    #[must_use]
+    pub fn at(&self, snapshot: CatalogSnapshot) -> Self {
+        Self {
+            shape: self.shape,
+            snapshot,
+            access: self.access.clone(),
+            keep: self.keep.clone(),
+            projection: self.projection.clone(),
+            schema: Arc::clone(&self.schema),
+            partitions: self.partitions,
+            properties: Arc::clone(&self.properties),
+            shared: Mutex::new((None, 0)),
+        }
+    }
+
     /// How the scan reads, as `EXPLAIN` shows it.
     #[must_use]
     pub fn describe_access(&self) -> String {
