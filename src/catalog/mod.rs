@@ -7,7 +7,6 @@
 //! place and check it against its key (a value whose ids disagree with its key is
 //! corruption, reported as such).
 
-use std::collections::HashMap;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
@@ -22,6 +21,8 @@ use crate::kv::{
     CommitOutcome, Conflict, Division, KeyRange, Page, PageSize, Snapshot, StagedWrites, Store,
 };
 use crate::model::{ColumnMapping, DuckLakeVersion, MappingId, TableId};
+
+mod id_order;
 
 /// Index entries read per page when rows are read in id order.
 const ID_ORDER_PAGE: PageSize = PageSize {
@@ -438,10 +439,10 @@ impl CatalogSnapshot {
     /// Streams the rows of row kind `kind` whose ids lie in `ids`, in id order (then table
     /// order), one page per item, optionally only those of tables `keep`.
     ///
-    /// The id index gives the order; the rows themselves are read as ranges of their tables:
-    /// the entries of one index page that fall in one table are consecutive rows of that
-    /// table, so each table of the page is one short range read, all of them in one round
-    /// trip, with the next page's reads in flight while this one is consumed.
+    /// The id index gives the order; the rows themselves are read as ranges of their tables,
+    /// each read ahead of the index in proportion to how often the index lists it, so that
+    /// a table is sought once every few pages rather than once a page. Nothing is read
+    /// before the consumer asks.
     #[must_use]
     pub fn pages_in_id_order(
         &self,
@@ -449,90 +450,7 @@ impl CatalogSnapshot {
         ids: Vec<RangeInclusive<i64>>,
         keep: Option<Arc<dyn Fn(TableId) -> bool + Send + Sync>>,
     ) -> BoxStream<'static, Result<Page>> {
-        let index = kind.counterpart();
-        let ranges = ids
-            .into_iter()
-            .map(|ids| self.keyspace.id_span(index, ids))
-            .collect();
-        let this = self.clone();
-        self.pages(ranges, ID_ORDER_PAGE)
-            .map(move |entries| {
-                let this = this.clone();
-                let keep = keep.clone();
-                async move {
-                    this.rows_of_index_page(kind, &entries?, keep.as_deref())
-                        .await
-                }
-            })
-            .buffered(2)
-            .filter(|page| futures::future::ready(!matches!(page, Ok(p) if p.is_empty())))
-            .boxed()
-    }
-
-    /// The rows an index page lists, in the page's order.
-    async fn rows_of_index_page(
-        &self,
-        kind: Kind,
-        entries: &Page,
-        keep: Option<&(dyn Fn(TableId) -> bool + Send + Sync)>,
-    ) -> Result<Page> {
-        // Per table: the ids the page lists for it, in order.
-        let mut tables: Vec<(TableId, Vec<i64>)> = Vec::new();
-        let mut slot_of: HashMap<TableId, usize> = HashMap::new();
-        let mut order: Vec<usize> = Vec::with_capacity(entries.len());
-        for (key, value) in entries.iter() {
-            let entry = self.keyspace.decode_entry(key, value)?;
-            if keep.is_some_and(|keep| !keep(entry.table_id)) {
-                continue;
-            }
-            let slot = *slot_of.entry(entry.table_id).or_insert_with(|| {
-                tables.push((entry.table_id, Vec::new()));
-                tables.len() - 1
-            });
-            if let Some((_, ids)) = tables.get_mut(slot) {
-                ids.push(entry.id);
-            }
-            order.push(slot);
-        }
-        let ranges: Vec<KeyRange> = tables
-            .iter()
-            .map(|(table, ids)| {
-                let first = ids.first().copied().unwrap_or_default();
-                let last = ids.last().copied().unwrap_or_default();
-                self.keyspace.row_span(kind, *table, first..=last)
-            })
-            .collect();
-        let mut pages = Vec::with_capacity(ranges.len());
-        for (chunk, tables) in ranges.chunks(4096).zip(tables.chunks(4096)) {
-            let rows = tables.iter().map(|(_, ids)| ids.len()).max().unwrap_or(1);
-            let found = self
-                .snapshot
-                .first_pages(
-                    chunk,
-                    PageSize {
-                        rows,
-                        bytes: usize::MAX,
-                    },
-                )
-                .await?;
-            pages.extend(found);
-        }
-        let mut out = Page::with_capacity(order.len(), pages.iter().map(Page::bytes).sum());
-        let mut next = vec![0_usize; tables.len()];
-        for slot in order {
-            let (table, ids) = tables.get(slot).ok_or_else(|| mismatch(&[]))?;
-            let position = next.get_mut(slot).ok_or_else(|| mismatch(&[]))?;
-            let id = ids.get(*position).copied().unwrap_or_default();
-            let expected = self.keyspace.row_key(kind, *table, id);
-            let (key, value) = pages
-                .get(slot)
-                .and_then(|page| page.get(*position))
-                .filter(|(key, _)| *key == expected.as_slice())
-                .ok_or_else(|| mismatch(&expected))?;
-            out.push(key, value);
-            *position += 1;
-        }
-        Ok(out)
+        id_order::rows_in_id_order(self, kind, ids, keep, ID_ORDER_PAGE)
     }
 }
 
@@ -620,3 +538,6 @@ fn check_key(key: &[u8], row: RowKey, kind: Kind, table_id: i64, id: i64) -> Res
     }
     .into())
 }
+
+#[cfg(test)]
+mod tests;

@@ -272,10 +272,13 @@ impl CatalogScanExec {
             }
             // The builder keeps the tables asked for (`Keep::tables`): a mapping load needs
             // every record of a kept id.
-            Access::IdOrder { ids, .. } => {
+            // Read on a task of its own, so that the reads and the batches they fill run on
+            // two cores.
+            Access::IdOrder { ids, .. } => read_ahead(
                 self.snapshot
-                    .pages_in_id_order(self.kind(), ids.ranges().to_vec(), None)
-            }
+                    .pages_in_id_order(self.kind(), ids.ranges().to_vec(), None),
+                2,
+            ),
             Access::Merge { ranges, tables } => {
                 let pages = merged(&self.snapshot, ranges);
                 if self.shape == Shape::MappingLoad {

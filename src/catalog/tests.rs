@@ -1,0 +1,181 @@
+use futures::TryStreamExt as _;
+
+use super::*;
+use crate::codec::KeyPrefix;
+use crate::kv::WriteSet;
+use crate::model::{ColumnMappingRow, NameMappingRow};
+use crate::write::{Insert, Op, StagedBatch, commit_batch};
+
+/// Index entries per page in these tests: far fewer than the mappings, so that tables are read
+/// ahead across pages and cursors carry rows from one page to the next.
+const ENTRIES: PageSize = PageSize {
+    rows: 5,
+    bytes: usize::MAX,
+};
+
+/// 400 mappings over 13 tables, interleaved by id as DuckLake's are (consecutive ids in
+/// different tables), skewed (table 0 owns about a third), ids with gaps, one id shared by
+/// two tables. Returns the catalog and its `(mapping_id, table_id)` pairs.
+async fn interleaved() -> (Catalog, Vec<(i64, i64)>) {
+    let catalog = Catalog::new(Store::memory(), Keyspace::new(KeyPrefix::none()));
+    let mut pairs = Vec::new();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        state >> 33
+    };
+    let mut id = -50_i64;
+    for _ in 0..400 {
+        let roll = next() % 39;
+        let table = if roll < 13 {
+            0
+        } else {
+            i64::try_from(roll % 13).unwrap_or(1)
+        };
+        pairs.push((id, table));
+        id += 1 + i64::try_from(next() % 3).unwrap_or(0);
+    }
+    pairs.push((pairs[200].0, 12 - pairs[200].1));
+    let mut batch = StagedBatch::new();
+    for &(mapping_id, table_id) in &pairs {
+        batch
+            .push(Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
+                mapping_id: Some(mapping_id),
+                table_id: Some(table_id),
+                map_type: Some("map_by_name".into()),
+            }])))
+            .push(Op::Insert(Insert::name_mappings(&[NameMappingRow {
+                mapping_id: Some(mapping_id),
+                column_id: Some(table_id),
+                source_name: Some(format!("c{mapping_id}")),
+                target_field_id: Some(1),
+                parent_column: None,
+                is_partition: Some(false),
+            }])));
+        commit_batch(&catalog, &batch).await.expect("committed");
+        batch = StagedBatch::new();
+    }
+    pairs.sort_unstable();
+    (catalog, pairs)
+}
+
+/// The `(mapping_id, table_id)` of each row read in id order, and the size of the largest page.
+async fn read(
+    catalog: &Catalog,
+    ids: Vec<RangeInclusive<i64>>,
+    keep: Option<id_order::Keep>,
+) -> Result<(Vec<(i64, i64)>, usize)> {
+    let snapshot = catalog.snapshot().await?;
+    let pages: Vec<Page> = id_order::rows_in_id_order(&snapshot, Kind::Mapping, ids, keep, ENTRIES)
+        .try_collect()
+        .await?;
+    let mut rows = Vec::new();
+    for page in &pages {
+        for (key, value) in page.iter() {
+            check_mapping(snapshot.keyspace(), key, value)?;
+            let row = snapshot.keyspace().decode(key)?;
+            rows.push((row.id, row.table_id.0));
+        }
+    }
+    Ok((rows, pages.iter().map(Page::len).max().unwrap_or(0)))
+}
+
+#[tokio::test]
+async fn rows_of_interleaved_tables_come_in_id_then_table_order() {
+    let (catalog, pairs) = interleaved().await;
+    let (rows, largest) = read(&catalog, vec![i64::MIN..=i64::MAX], None)
+        .await
+        .expect("read");
+    assert_eq!(rows, pairs);
+    assert!(largest <= ENTRIES.rows, "a page of {largest} rows");
+
+    // Intervals end where the read-ahead must stop: rows past them are not the index's.
+    let (low, high) = (pairs[40].0, pairs[300].0);
+    let (gap_low, gap_high) = (pairs[320].0, pairs[330].0);
+    let (rows, _) = read(&catalog, vec![low..=high - 1, gap_low..=gap_high], None)
+        .await
+        .expect("read");
+    let expected: Vec<_> = pairs
+        .iter()
+        .copied()
+        .filter(|(id, _)| (low..high).contains(id) || (gap_low..=gap_high).contains(id))
+        .collect();
+    assert_eq!(rows, expected);
+
+    let even: id_order::Keep = Arc::new(|table: TableId| table.0 % 2 == 0);
+    let (rows, _) = read(&catalog, vec![i64::MIN..=i64::MAX], Some(even))
+        .await
+        .expect("read");
+    let expected: Vec<_> = pairs.iter().copied().filter(|(_, t)| t % 2 == 0).collect();
+    assert_eq!(rows, expected);
+}
+
+#[tokio::test]
+async fn an_index_entry_without_its_row_is_corruption() {
+    let (catalog, pairs) = interleaved().await;
+    let (id, table) = pairs[250];
+    let mut writes = WriteSet::new();
+    writes.delete(catalog.keyspace.row_key(Kind::Mapping, TableId(table), id));
+    let outcome = catalog.store.commit(writes).await.expect("deleted");
+    assert!(matches!(outcome, CommitOutcome::Committed), "{outcome:?}");
+    let err = read(&catalog, vec![i64::MIN..=i64::MAX], None)
+        .await
+        .expect_err("a dangling entry");
+    assert!(
+        matches!(
+            &err,
+            crate::Error::Codec(CodecError::DanglingIndexEntry { .. })
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_row_the_index_lacks_between_two_it_lists_is_corruption() {
+    let (catalog, pairs) = interleaved().await;
+    let snapshot = catalog.snapshot().await.expect("snapshot");
+    // At every gap between two ids of one table (wherever the gap falls: inside a table's
+    // read-ahead or where one read ends and the next begins), a row no index entry lists.
+    let mut strays = 0;
+    for table in 0..13 {
+        let listed: Vec<i64> = pairs
+            .iter()
+            .filter(|(_, t)| *t == table)
+            .map(|(id, _)| *id)
+            .collect();
+        let source = catalog
+            .keyspace
+            .row_key(Kind::Mapping, TableId(table), listed[0]);
+        let value = snapshot.values(&[source]).await.expect("read")[0]
+            .clone()
+            .expect("stored");
+        for pair in listed.windows(2).filter(|pair| pair[1] - pair[0] > 1) {
+            let stray = catalog
+                .keyspace
+                .row_key(Kind::Mapping, TableId(table), pair[0] + 1);
+            let mut writes = WriteSet::new();
+            writes.put(stray.clone(), value.clone());
+            let outcome = catalog.store.commit(writes).await.expect("written");
+            assert!(matches!(outcome, CommitOutcome::Committed), "{outcome:?}");
+            let err = read(&catalog, vec![i64::MIN..=i64::MAX], None)
+                .await
+                .expect_err("a row the index lacks");
+            assert!(
+                matches!(
+                    &err,
+                    crate::Error::Codec(CodecError::DanglingIndexEntry { .. })
+                ),
+                "table {table}, id {}: {err}",
+                pair[0] + 1
+            );
+            let mut writes = WriteSet::new();
+            writes.delete(stray);
+            let outcome = catalog.store.commit(writes).await.expect("deleted");
+            assert!(matches!(outcome, CommitOutcome::Committed), "{outcome:?}");
+            strays += 1;
+        }
+    }
+    assert!(strays > 100, "only {strays} gaps");
+}
