@@ -180,7 +180,25 @@ fn recover(db: &Database, dir: &Path) -> Result<(Log, u64, usize), KvError> {
         (log, applied, replayed)
     };
     txn.commit().map_err(failed)?;
+    settle(db).map_err(failed)?;
     Ok((log, applied, replayed))
+}
+
+/// Commits nothing, durably, after a durable commit: what that commit's epilogue left in
+/// redb's write buffer reaches the file.
+///
+/// After a durable commit that frees pages, redb frees them in an epilogue committed
+/// non-durably, whose pages stay in its write buffer; until the next durable commit
+/// empties the buffer, every read that misses the page cache first walks all of the
+/// buffer's lock stripes to reclaim room (measured: 15% of a table-scoped load's server
+/// CPU on a store of 1M mappings, 131 atomic lock attempts per page read). An empty
+/// durable commit frees nothing, so it leaves nothing behind: one more fsync per
+/// checkpoint, none per commit.
+fn settle(db: &Database) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)?;
+    txn.commit()?;
+    Ok(())
 }
 
 #[async_trait]
@@ -457,7 +475,8 @@ impl Writer {
             .and_then(|mut txn| {
                 txn.set_durability(Durability::Immediate)
                     .map_err(redb::Error::from)?;
-                txn.commit().map_err(redb::Error::from)
+                txn.commit().map_err(redb::Error::from)?;
+                settle(&self.db)
             });
         match done {
             Ok(()) => {
@@ -556,7 +575,9 @@ impl Writer {
             .dirty_since
             .is_some_and(|since| since.elapsed() >= self.checkpoint_every)
             || self.log.len() >= CHECKPOINT_LOG_BYTES;
-        if let Err(err) = apply(txn, seq, &writes, due) {
+        if let Err(err) =
+            apply(txn, seq, &writes, due).and_then(|()| if due { settle(&self.db) } else { Ok(()) })
+        {
             // Acknowledged and logged: readers keep seeing the group, and the next open
             // applies it from the log.
             self.stop(
