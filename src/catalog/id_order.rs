@@ -24,6 +24,10 @@ use crate::error::Result;
 use crate::kv::{KeyRange, Page, PageSize};
 use crate::model::TableId;
 
+/// Maps keyed by table, looked up once or twice per row read: foldhash's seeded hasher, as the
+/// staging maps use, rather than SipHash.
+type ByTable<V> = HashMap<TableId, V, foldhash::fast::RandomState>;
+
 /// Pages of a table read at once, counted in what one index page asks of the table.
 const READ_AHEAD: usize = 8;
 
@@ -106,7 +110,7 @@ struct IdOrder {
     /// index lists (or corruption, reported as such).
     last_id: i64,
     keep: Option<Keep>,
-    cursors: HashMap<TableId, Cursor>,
+    cursors: ByTable<Cursor>,
     /// Key and value bytes held in `cursors`.
     held: usize,
     /// Rows held in `cursors`.
@@ -134,7 +138,7 @@ pub(super) fn rows_in_id_order(
                 kind,
                 last_id: *ids.end(),
                 keep: keep.clone(),
-                cursors: HashMap::new(),
+                cursors: ByTable::default(),
                 held: 0,
                 held_rows: 0,
             };
@@ -163,7 +167,7 @@ impl IdOrder {
     async fn rows_of(&mut self, entries: &Page) -> Result<Page> {
         let keyspace = &self.snapshot.keyspace;
         let mut listed: Vec<(TableId, i64)> = Vec::with_capacity(entries.len());
-        let mut asked: HashMap<TableId, Asked> = HashMap::new();
+        let mut asked: ByTable<Asked> = ByTable::default();
         for (key, value) in entries.iter() {
             let entry = keyspace.decode_entry(key, value)?;
             if self.keep.as_ref().is_some_and(|keep| !keep(entry.table_id)) {
@@ -206,7 +210,7 @@ impl IdOrder {
 
     /// Reads, for each table whose cursor holds fewer rows than `asked` of it, the rest and
     /// the read-ahead, in as few round trips as the row counts allow.
-    async fn refill(&mut self, asked: &HashMap<TableId, Asked>) -> Result<()> {
+    async fn refill(&mut self, asked: &ByTable<Asked>) -> Result<()> {
         let keyspace = &self.snapshot.keyspace;
         let ahead = if self.held < READ_AHEAD_BYTES {
             READ_AHEAD - 1
