@@ -37,7 +37,13 @@ async fn interleaved() -> (Catalog, Vec<(i64, i64)>) {
         pairs.push((id, table));
         id += 1 + i64::try_from(next() % 3).unwrap_or(0);
     }
-    pairs.push((pairs[200].0, 12 - pairs[200].1));
+    // Ids two tables share.
+    for i in (3..400).step_by(23) {
+        pairs.push((
+            pairs[i].0,
+            (pairs[i].1 + 1 + i64::try_from(i % 12).unwrap_or(0)) % 13,
+        ));
+    }
     let mut batch = StagedBatch::new();
     for &(mapping_id, table_id) in &pairs {
         batch
