@@ -479,7 +479,7 @@ async fn a_load_over_many_index_pages_returns_the_rows_of_the_plain_plan() {
             table_id: Some(table),
             map_type: Some("map_by_name".into()),
         });
-        for column in 0..1 + rng.below(3) {
+        for column in 0..=rng.below(3) {
             let column_id = i64::try_from(column).expect("small");
             names.push(NameMappingRow {
                 mapping_id: Some(mapping_id),

@@ -25,7 +25,7 @@ use crate::kv::{KeyRange, Page, PageSize};
 use crate::model::TableId;
 
 /// Maps keyed by table, looked up once or twice per row read: foldhash's seeded hasher, as the
-/// staging maps use, rather than SipHash.
+/// staging maps use, rather than the standard `SipHash`.
 type ByTable<V> = HashMap<TableId, V, foldhash::fast::RandomState>;
 
 /// Pages of a table read at once, counted in what one index page asks of the table.
