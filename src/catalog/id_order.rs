@@ -62,12 +62,7 @@ impl Cursor {
     /// next, up to the end of `range`, which starts at the first id asked.
     fn rest(&self, range: KeyRange) -> KeyRange {
         match self.rows.last_key().or(self.taken.as_deref()) {
-            Some(last) => {
-                let mut start = Vec::with_capacity(last.len() + 1);
-                start.extend_from_slice(last);
-                start.push(0);
-                KeyRange::new(start, range.end)
-            }
+            Some(last) => KeyRange::new(Vec::new(), range.end).after(last),
             None => range,
         }
     }
@@ -220,12 +215,13 @@ impl IdOrder {
         // By the power of two at or above the rows to read: one read per size class.
         let mut reads: Vec<(usize, TableId, KeyRange)> = Vec::new();
         for (&table, asked) in asked {
-            let left = self.cursors.get(&table).map_or(0, Cursor::left);
+            let cursor = self.cursors.get(&table);
+            let left = cursor.map_or(0, Cursor::left);
             if left >= asked.count {
                 continue;
             }
             let range = keyspace.row_span(self.kind, table, asked.first_id..=self.last_id);
-            let range = match self.cursors.get(&table) {
+            let range = match cursor {
                 Some(cursor) => cursor.rest(range),
                 None => range,
             };

@@ -184,7 +184,7 @@ fn recover(db: &Database, dir: &Path) -> Result<(Log, u64, usize), KvError> {
     Ok((log, applied, replayed))
 }
 
-/// Commits nothing, durably, after a durable commit: what that commit's epilogue left in
+/// Commits nothing, durably: after a durable commit, what that commit's epilogue left in
 /// redb's write buffer reaches the file.
 ///
 /// After a durable commit that frees pages, redb frees them in an epilogue committed
@@ -468,16 +468,9 @@ impl Writer {
         if self.dirty_since.is_none() || self.failed.load(Ordering::Acquire) {
             return;
         }
-        let done = self
-            .db
-            .begin_write()
-            .map_err(redb::Error::from)
-            .and_then(|mut txn| {
-                txn.set_durability(Durability::Immediate)
-                    .map_err(redb::Error::from)?;
-                txn.commit().map_err(redb::Error::from)?;
-                settle(&self.db)
-            });
+        // An empty durable commit makes what was applied durable; the second settles the
+        // first's epilogue.
+        let done = settle(&self.db).and_then(|()| settle(&self.db));
         match done {
             Ok(()) => {
                 self.dirty_since = None;
