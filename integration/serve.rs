@@ -109,3 +109,25 @@ fn ducklake_versions_parse_as_ducklake_spells_them_and_others_are_refused() {
         "{message}"
     );
 }
+
+#[test]
+fn the_command_lines_store_defaults_are_the_embedded_stores_own() {
+    // `moraine serve` and a program opening the store through the library get the same
+    // cache and checkpoint settings unless told otherwise.
+    let config = match Cli::try_parse_from(["moraine", "serve"])
+        .expect("parses")
+        .command
+    {
+        Command::Serve(config) => *config,
+        other => panic!("parsed as {other:?}"),
+    };
+    assert_eq!(
+        config.redb_options(),
+        moraine::kv::redb::RedbOptions::default()
+    );
+    let cache = Cli::try_parse_from(["moraine", "serve", "--redb-cache-mb", "48"]).expect("parses");
+    let Command::Serve(config) = cache.command else {
+        panic!("not serve")
+    };
+    assert_eq!(config.redb_options().cache_bytes, 48 << 20);
+}

@@ -63,7 +63,10 @@ const CHECKPOINT_LOG_BYTES: u64 = 64 << 20;
 /// Settings of the embedded store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedbOptions {
-    /// Memory redb may use to cache pages and buffer writes.
+    /// Memory redb may use to cache pages and buffer writes. The default, 32 MiB, is as fast
+    /// as 64 MiB on the comparison harness's reads and commits (medium scale) and holds
+    /// about 40 MiB less at large scale: the scans stream past the cache, and the operating
+    /// system's page cache holds the file as well.
     pub cache_bytes: usize,
     /// A checkpoint follows at most this long after the first commit it covers: the longest
     /// the commit log grows for, and so about the longest a replay after a crash takes to
@@ -74,7 +77,7 @@ pub struct RedbOptions {
 impl Default for RedbOptions {
     fn default() -> Self {
         Self {
-            cache_bytes: 64 << 20,
+            cache_bytes: 32 << 20,
             checkpoint_every: Duration::from_secs(1),
         }
     }
