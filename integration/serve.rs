@@ -17,6 +17,13 @@ fn config(pd: &[String], key_prefix: &str) -> ServeConfig {
     if !pd.is_empty() {
         args.push(format!("--pd={}", pd.join(",")));
     }
+    serve_config(args)
+}
+
+/// `moraine serve` with `args` (the program name first), parsed.
+fn serve_config<T: Into<std::ffi::OsString> + Clone>(
+    args: impl IntoIterator<Item = T>,
+) -> ServeConfig {
     match Cli::try_parse_from(args).expect("parses").command {
         Command::Serve(config) => *config,
         other => panic!("parsed as {other:?}"),
@@ -114,20 +121,10 @@ fn ducklake_versions_parse_as_ducklake_spells_them_and_others_are_refused() {
 fn the_command_lines_store_defaults_are_the_embedded_stores_own() {
     // `moraine serve` and a program opening the store through the library get the same
     // cache and checkpoint settings unless told otherwise.
-    let config = match Cli::try_parse_from(["moraine", "serve"])
-        .expect("parses")
-        .command
-    {
-        Command::Serve(config) => *config,
-        other => panic!("parsed as {other:?}"),
-    };
     assert_eq!(
-        config.redb_options(),
+        serve_config(["moraine", "serve"]).redb_options(),
         moraine::kv::redb::RedbOptions::default()
     );
-    let cache = Cli::try_parse_from(["moraine", "serve", "--redb-cache-mb", "48"]).expect("parses");
-    let Command::Serve(config) = cache.command else {
-        panic!("not serve")
-    };
+    let config = serve_config(["moraine", "serve", "--redb-cache-mb", "48"]);
     assert_eq!(config.redb_options().cache_bytes, 48 << 20);
 }
