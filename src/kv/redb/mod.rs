@@ -6,30 +6,31 @@
 //! workers; a smaller one (a point read, a short page) runs in place, since it takes less
 //! time than the hand-off would.
 //!
-//! Commits go through one writer thread, which groups the commits waiting for it into one redb
-//! write transaction (group commit). Each commit of a group is checked against the state the
-//! commits before it in the group leave, so the outcome is the same as committing them one
-//! after another: a commit whose requirement fails is a conflict and writes nothing, the others
-//! land together. The group is then appended to the commit log (`log.rs`) and synced, and only
-//! then acknowledged: a commit is durable when it is acknowledged. Its writes are applied to
-//! redb after the acknowledgement; until they are, snapshots read the file through them, so
-//! an acknowledged commit is visible at once. redb's own commits are not synced, except at
-//! checkpoints (every second of writing, or when the log has grown large, and at shutdown),
-//! after which the log starts over. On open, the log's records that redb's durable state lacks
-//! are applied again.
+//! Commits go through one writer thread, which groups the commits waiting for it (group
+//! commit). Each commit of a group is checked against the state the commits before it leave,
+//! so the outcome is the same as committing them one after another: a commit whose
+//! requirement fails is a conflict and writes nothing, the others land together. The group is
+//! then appended to the commit log (`log.rs`) and synced, and only then acknowledged: a commit
+//! is durable when it is acknowledged. A second thread, the applier, then puts the group's
+//! writes in redb while the writer goes on with the next group: until they are in the file,
+//! snapshots and the checks of later commits read the file through them, so an acknowledged
+//! commit is visible at once, and a small commit never waits for a large transaction's
+//! B-tree work. redb's own commits are not synced, except at checkpoints (every second of
+//! writing, or when the log has grown large, and at shutdown), after which the log starts
+//! over; a checkpoint that would wait for a large apply is put off until the apply is done.
+//! On open, the log's records that redb's durable state lacks are applied again.
 
 mod log;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redb::{
-    Database, Durability, ReadOnlyTable, ReadableDatabase as _, ReadableTable as _, Table,
-    TableDefinition,
+    Database, Durability, ReadOnlyTable, ReadableDatabase as _, ReadableTable as _, TableDefinition,
 };
 
 use super::divide::Divider;
@@ -215,7 +216,7 @@ impl KvBackend for RedbBackend {
         // the file and the writes not yet in it are read at the same point: a group applied
         // meanwhile is then seen twice, which is harmless, never not at all.
         let (txn, unapplied, version) = {
-            let visible = lock(&self.committer.unapplied);
+            let visible = self.committer.unapplied.visible();
             (
                 self.db.begin_read().map_err(failed)?,
                 visible.writes.clone(),
@@ -275,13 +276,33 @@ struct Visible {
     /// The number of the last commit group acknowledged: the version a snapshot taken now
     /// reads at.
     seq: u64,
-    /// The writes of the commit group acknowledged but not yet applied to the file, in commit
-    /// order. A snapshot reads the file through them, so an acknowledged commit is visible at
-    /// once.
+    /// The writes of the commit groups acknowledged but not yet applied to the file, in
+    /// commit order. A snapshot reads the file through them, so an acknowledged commit is
+    /// visible at once.
     writes: Vec<Arc<StagedWrites>>,
+    /// Key and value bytes `writes` holds.
+    bytes: usize,
+    /// Of those, the bytes of the groups the applier has not started on: what waits behind
+    /// the apply under way.
+    queued: usize,
 }
 
-type Unapplied = Arc<Mutex<Visible>>;
+/// The writes acknowledged but not yet in the file, shared by the writer (which adds them),
+/// the applier (which takes them away once applied) and snapshots (which read through them).
+#[derive(Debug, Default)]
+struct Shared {
+    visible: Mutex<Visible>,
+    /// Signalled when the applier takes groups from its queue, or stops.
+    taken: Condvar,
+}
+
+impl Shared {
+    fn visible(&self) -> std::sync::MutexGuard<'_, Visible> {
+        lock(&self.visible)
+    }
+}
+
+type Unapplied = Arc<Shared>;
 
 /// The writes of the last commit groups, newest last, so that a commit staged against a
 /// recent version is checked against what was written since instead of against the file:
@@ -353,18 +374,30 @@ impl History {
     }
 }
 
+/// Most bytes of logged groups that may wait for the applier behind the apply under way:
+/// past it the writer waits before it takes the next group, so that commits arriving faster
+/// than the file takes them hold back their writers instead of the server's memory.
+const MAX_QUEUED_BYTES: usize = 64 << 20;
+/// A checkpoint that is due waits for the applier when no more than this many bytes are
+/// still to be applied (a few small groups: a wait of milliseconds); with more (a large
+/// transaction's apply under way) it is put off, so that commits are not held up behind
+/// the apply, and tried again after every group and every [`DEFERRED_CHECKPOINT_POLL`].
+const CHECKPOINT_BACKLOG_BYTES: usize = 4 << 20;
+const DEFERRED_CHECKPOINT_POLL: Duration = Duration::from_millis(10);
+
 /// The writer thread's state.
 struct Writer {
     db: Arc<Database>,
     log: Log,
     /// The sequence number of the last commit group logged.
     seq: u64,
-    /// When the first commit not yet covered by a checkpoint was applied.
+    /// When the first commit not yet covered by a checkpoint was logged.
     dirty_since: Option<Instant>,
     checkpoint_every: Duration,
     failed: Arc<AtomicBool>,
     unapplied: Unapplied,
     history: History,
+    applier: ApplierThread,
 }
 
 impl Committer {
@@ -376,27 +409,20 @@ impl Committer {
     ) -> Result<Self, KvError> {
         let (queue, requests) = mpsc::channel::<Request>();
         let failed = Arc::new(AtomicBool::new(false));
-        let unapplied = Arc::new(Mutex::new(Visible {
-            seq: applied,
-            writes: Vec::new(),
-        }));
-        let mut writer = Writer {
+        let unapplied = Unapplied::default();
+        unapplied.visible().seq = applied;
+        let mut writer = Writer::start(
             db,
             log,
-            seq: applied,
-            dirty_since: None,
+            applied,
             checkpoint_every,
-            failed: Arc::clone(&failed),
-            unapplied: Arc::clone(&unapplied),
-            history: History::new(applied),
-        };
+            Arc::clone(&failed),
+            Arc::clone(&unapplied),
+        )?;
         let thread = std::thread::Builder::new()
             .name("moraine-redb-writer".into())
             .spawn(move || writer.run(&requests))
-            .map_err(|err| KvError::Backend {
-                backend: NAME,
-                reason: format!("cannot start the writer thread: {err}"),
-            })?;
+            .map_err(|err| thread_failed("writer", &err))?;
         Ok(Self {
             queue: Mutex::new(Some(queue)),
             thread: Mutex::new(Some(thread)),
@@ -435,9 +461,38 @@ impl Drop for Committer {
 }
 
 impl Writer {
+    /// The writer's state, with its applier thread started.
+    fn start(
+        db: Arc<Database>,
+        log: Log,
+        seq: u64,
+        checkpoint_every: Duration,
+        failed: Arc<AtomicBool>,
+        unapplied: Unapplied,
+    ) -> Result<Self, KvError> {
+        let applier = ApplierThread::start(Applier {
+            db: Arc::clone(&db),
+            failed: Arc::clone(&failed),
+            unapplied: Arc::clone(&unapplied),
+        })?;
+        Ok(Self {
+            db,
+            log,
+            seq,
+            dirty_since: None,
+            checkpoint_every,
+            failed,
+            unapplied,
+            history: History::new(seq),
+            applier,
+        })
+    }
+
     fn run(&mut self, requests: &mpsc::Receiver<Request>) {
         loop {
             let next = match self.dirty_since {
+                // Due and put off behind a large apply: looked at again shortly.
+                Some(_) if self.checkpoint_due() => requests.recv_timeout(DEFERRED_CHECKPOINT_POLL),
                 Some(since) => {
                     let left = self.checkpoint_every.saturating_sub(since.elapsed());
                     requests.recv_timeout(left)
@@ -457,24 +512,36 @@ impl Writer {
                     }
                     self.commit_group(group);
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => self.checkpoint(),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.checkpoint(false),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.checkpoint();
+                    self.checkpoint(true);
                     return;
                 }
             }
         }
     }
 
-    /// Makes everything applied so far durable in the redb file, and empties the log.
-    fn checkpoint(&mut self) {
+    /// Whether a checkpoint is due: the first commit it would cover was logged
+    /// `checkpoint_every` ago, or the log has grown large.
+    fn checkpoint_due(&self) -> bool {
+        self.dirty_since.is_some_and(|since| {
+            since.elapsed() >= self.checkpoint_every || self.log.len() >= CHECKPOINT_LOG_BYTES
+        })
+    }
+
+    /// Makes everything logged so far durable in the redb file, and empties the log. The
+    /// applier first applies what it has not yet; when that is more than
+    /// [`CHECKPOINT_BACKLOG_BYTES`] and `wait` is false, the checkpoint is put off instead.
+    fn checkpoint(&mut self, wait: bool) {
         if self.dirty_since.is_none() || self.failed.load(Ordering::Acquire) {
             return;
         }
-        // An empty durable commit makes what was applied durable; the second settles the
-        // first's epilogue.
-        let done = settle(&self.db).and_then(|()| settle(&self.db));
-        match done {
+        if !wait && self.unapplied.visible().bytes > CHECKPOINT_BACKLOG_BYTES {
+            return;
+        }
+        // The writer logs nothing while it waits: once the applier answers, the file holds
+        // every group the log does, durably.
+        match self.applier.checkpoint() {
             Ok(()) => {
                 self.dirty_since = None;
                 if let Err(err) = self.log.reset() {
@@ -486,11 +553,26 @@ impl Writer {
         }
     }
 
-    /// Commits a group: each request checked in turn against the file and the requests
-    /// accepted before it, the accepted ones logged durably in one record, made visible to
-    /// readers and acknowledged; then their writes are applied to the file (durably, when a
-    /// checkpoint is due). Acknowledging before applying keeps redb's B-tree work off the
-    /// commit's latency; readers see the group through [`Committer::unapplied`] meanwhile.
+    /// Waits while more than [`MAX_QUEUED_BYTES`] of logged groups wait for the applier.
+    fn wait_for_room(&self) {
+        let mut visible = self.unapplied.visible();
+        while visible.queued > MAX_QUEUED_BYTES && !self.failed.load(Ordering::Acquire) {
+            visible = self
+                .unapplied
+                .taken
+                .wait(visible)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Commits a group: each request checked in turn against the store as the groups
+    /// acknowledged before it and the requests accepted before it in this group leave it,
+    /// the accepted ones logged durably in one record, made visible to readers and
+    /// acknowledged; then their writes are handed to the applier thread, which puts them
+    /// in the file while the writer goes on with the next group. Readers, and the checks of
+    /// later groups, see them through [`Committer::unapplied`] until they are in the file, so
+    /// neither redb's B-tree work nor a large transaction's apply is on any commit's
+    /// latency.
     fn commit_group(&mut self, group: Vec<Request>) {
         if self.failed.load(Ordering::Acquire) {
             for request in group {
@@ -498,52 +580,44 @@ impl Writer {
             }
             return;
         }
+        self.wait_for_room();
         let seq = self.seq + 1;
-        let txn = match self.db.begin_write() {
-            Ok(txn) => txn,
-            Err(err) => {
-                let err = failed(err);
-                for request in group {
-                    request.answer(Err(err.clone()));
-                }
-                return;
-            }
-        };
+        // Opened once a request needs the file, and then for the rest of the group.
+        let mut committed: Option<Committed> = None;
         let mut accepted: Vec<Request> = Vec::new();
-        let checked = txn.open_table(DATA).map_err(failed).and_then(|table| {
-            let mut requests = group.into_iter();
-            for request in requests.by_ref() {
-                // Staged against a version whose requirements nothing since has disturbed:
-                // they hold, and the file need not be read for them.
-                let cleared = request.writes.read_version().is_some_and(|read_at| {
-                    read_at <= self.seq && self.history.cleared(read_at, &accepted, &request.writes)
-                });
-                let unmet = if cleared {
-                    Ok(None)
-                } else {
-                    unmet(&table, &accepted, &request.writes)
+        let mut requests = group.into_iter();
+        while let Some(request) = requests.next() {
+            // Staged against a version whose requirements nothing since has disturbed:
+            // they hold, and the file need not be read for them.
+            let cleared = request.writes.read_version().is_some_and(|read_at| {
+                read_at <= self.seq && self.history.cleared(read_at, &accepted, &request.writes)
+            });
+            let unmet = if cleared {
+                Ok(None)
+            } else {
+                let view = match committed.take() {
+                    Some(view) => Ok(view),
+                    None => Committed::open(&self.db, &self.unapplied),
                 };
-                match unmet {
-                    Ok(None) => accepted.push(request),
-                    Ok(Some(conflict)) => request.answer(Ok(CommitOutcome::Conflict(conflict))),
-                    Err(err) => {
+                view.and_then(|view| {
+                    let unmet = view.unmet(&accepted, &request.writes);
+                    committed = Some(view);
+                    unmet
+                })
+            };
+            match unmet {
+                Ok(None) => accepted.push(request),
+                Ok(Some(conflict)) => request.answer(Ok(CommitOutcome::Conflict(conflict))),
+                Err(err) => {
+                    // Nothing of the group is written.
+                    for request in accepted.into_iter().chain([request]).chain(requests) {
                         request.answer(Err(err.clone()));
-                        for request in requests {
-                            request.answer(Err(err.clone()));
-                        }
-                        return Err(err);
                     }
+                    return;
                 }
             }
-            Ok(())
-        });
-        if let Err(err) = checked {
-            // Nothing of the group was written; dropping the transaction aborts it.
-            for request in accepted {
-                request.answer(Err(err.clone()));
-            }
-            return;
         }
+        drop(committed);
         if accepted.is_empty() {
             return;
         }
@@ -559,37 +633,26 @@ impl Writer {
         let writes: Vec<Arc<StagedWrites>> =
             accepted.iter().map(|r| Arc::clone(&r.writes)).collect();
         self.history.push(seq, &writes);
+        let bytes = writes.iter().map(|w| w.bytes()).sum::<usize>();
         {
-            let mut visible = lock(&self.unapplied);
+            let mut visible = self.unapplied.visible();
             visible.writes.extend(writes.iter().cloned());
+            visible.bytes += bytes;
+            visible.queued += bytes;
             visible.seq = seq;
         }
         for request in accepted {
             request.answer(Ok(CommitOutcome::Committed));
         }
-        let due = self
-            .dirty_since
-            .is_some_and(|since| since.elapsed() >= self.checkpoint_every)
-            || self.log.len() >= CHECKPOINT_LOG_BYTES;
-        if let Err(err) =
-            apply(txn, seq, &writes, due).and_then(|()| if due { settle(&self.db) } else { Ok(()) })
-        {
+        self.dirty_since.get_or_insert_with(Instant::now);
+        if !self.applier.send(Job::Apply { seq, writes, bytes }) {
             // Acknowledged and logged: readers keep seeing the group, and the next open
             // applies it from the log.
-            self.stop(
-                Vec::new(),
-                &format!("applying a logged commit failed: {err}"),
-            );
+            self.stop(Vec::new(), "the applier thread stopped");
             return;
         }
-        lock(&self.unapplied).writes.clear();
-        if due {
-            self.dirty_since = None;
-            if let Err(err) = self.log.reset() {
-                tracing::warn!(%err, "the commit log could not be emptied after a checkpoint");
-            }
-        } else {
-            self.dirty_since.get_or_insert_with(Instant::now);
+        if self.checkpoint_due() {
+            self.checkpoint(false);
         }
     }
 
@@ -609,69 +672,244 @@ impl Writer {
     }
 }
 
-/// The first requirement of `writes` that the file, as the `accepted` requests before it in
-/// the group leave it, does not meet.
-fn unmet(
-    table: &Table<'_, &'static [u8], &'static [u8]>,
-    accepted: &[Request],
-    writes: &StagedWrites,
-) -> Result<Option<super::Conflict>, KvError> {
-    writes.first_unmet(
-        |key| {
-            if let Some(written) = accepted.iter().rev().find_map(|r| r.writes.read(key)) {
-                return Ok(written.map(|value| value.to_vec()));
-            }
-            Ok(table
-                .get(key)
-                .map_err(failed)?
-                .map(|value| value.value().to_vec()))
-        },
-        |range, pair| {
-            let stored = table
-                .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
-                .map_err(failed)?;
-            let touched = accepted
-                .iter()
-                .any(|r| r.writes.written_in(range).next().is_some());
-            if !touched {
-                for entry in stored {
-                    let (key, value) = entry.map_err(failed)?;
-                    pair(key.value(), value.value());
-                }
-                return Ok(());
-            }
-            // Commits earlier in the group wrote into the range: it is the file's pairs with
-            // theirs laid over, in order.
-            let mut merged = std::collections::BTreeMap::new();
-            for entry in stored {
-                let (key, value) = entry.map_err(failed)?;
-                merged.insert(key.value().to_vec(), value.value().to_vec());
-            }
-            for request in accepted {
-                for (key, value) in request.writes.written_in(range) {
-                    match value {
-                        Some(value) => merged.insert(key.to_vec(), value.to_vec()),
-                        None => merged.remove(key.as_ref()),
-                    };
-                }
-            }
-            for (key, value) in &merged {
-                pair(key, value);
-            }
-            Ok(())
-        },
-    )
+/// The store as a group's requirements are checked against it: the file as a read
+/// transaction sees it, and the writes acknowledged but not yet applied to the file when
+/// that transaction began (some of which the applier may have put in the file meanwhile:
+/// they are then read twice, which is harmless, never not at all).
+struct Committed {
+    table: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    unapplied: Vec<Arc<StagedWrites>>,
 }
 
-/// Applies a logged group's writes, in order, and commits them with the group's sequence
-/// number: durably when `durable`, else to be made durable by a later checkpoint (the log
-/// holds them until then).
-fn apply(
-    mut txn: redb::WriteTransaction,
-    seq: u64,
-    writes: &[Arc<StagedWrites>],
-    durable: bool,
-) -> Result<(), redb::Error> {
+impl Committed {
+    fn open(db: &Database, unapplied: &Shared) -> Result<Self, KvError> {
+        let (txn, writes) = {
+            let visible = unapplied.visible();
+            (db.begin_read().map_err(failed)?, visible.writes.clone())
+        };
+        Ok(Self {
+            table: txn.open_table(DATA).map_err(failed)?,
+            unapplied: writes,
+        })
+    }
+
+    /// The first requirement of `writes` that the store, as the `accepted` requests before
+    /// it in the group leave it, does not meet.
+    fn unmet(
+        &self,
+        accepted: &[Request],
+        writes: &StagedWrites,
+    ) -> Result<Option<super::Conflict>, KvError> {
+        // Every layer of writes over the file, oldest first.
+        let layers = || {
+            self.unapplied
+                .iter()
+                .map(Arc::as_ref)
+                .chain(accepted.iter().map(|r| r.writes.as_ref()))
+        };
+        writes.first_unmet(
+            |key| {
+                if let Some(written) = layers().rev().find_map(|layer| layer.read(key)) {
+                    return Ok(written.map(|value| value.to_vec()));
+                }
+                Ok(self
+                    .table
+                    .get(key)
+                    .map_err(failed)?
+                    .map(|value| value.value().to_vec()))
+            },
+            |range, pair| {
+                let stored = self
+                    .table
+                    .range::<&[u8]>(range.start.as_slice()..range.end.as_slice())
+                    .map_err(failed)?;
+                let touched = layers().any(|layer| layer.written_in(range).next().is_some());
+                if !touched {
+                    for entry in stored {
+                        let (key, value) = entry.map_err(failed)?;
+                        pair(key.value(), value.value());
+                    }
+                    return Ok(());
+                }
+                // Writes not in the file went into the range: it is the file's pairs with
+                // theirs laid over, in order.
+                let mut merged = std::collections::BTreeMap::new();
+                for entry in stored {
+                    let (key, value) = entry.map_err(failed)?;
+                    merged.insert(key.value().to_vec(), value.value().to_vec());
+                }
+                for layer in layers() {
+                    for (key, value) in layer.written_in(range) {
+                        match value {
+                            Some(value) => merged.insert(key.to_vec(), value.to_vec()),
+                            None => merged.remove(key.as_ref()),
+                        };
+                    }
+                }
+                for (key, value) in &merged {
+                    pair(key, value);
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
+/// What the writer hands the applier, in the order it logged them.
+enum Job {
+    /// A logged group's writes (`bytes` of keys and values), to put in the file.
+    Apply {
+        seq: u64,
+        writes: Vec<Arc<StagedWrites>>,
+        bytes: usize,
+    },
+    /// Make everything applied so far durable, and answer whether that worked.
+    Checkpoint(mpsc::SyncSender<Result<(), String>>),
+}
+
+/// The applier thread's state: it puts logged groups in the redb file, in order, one write
+/// transaction for all the groups waiting when it starts one, and makes them durable when
+/// the writer checkpoints. It is the only writer of the file.
+struct Applier {
+    db: Arc<Database>,
+    failed: Arc<AtomicBool>,
+    unapplied: Unapplied,
+}
+
+impl Applier {
+    fn run(&self, jobs: &mpsc::Receiver<Job>) {
+        // Whatever ends the thread, the writer must not wait for room that never comes.
+        let _stopped = Stopped(self);
+        let mut next = None;
+        loop {
+            let Some(job) = next.take().or_else(|| jobs.recv().ok()) else {
+                return;
+            };
+            match job {
+                Job::Checkpoint(done) => {
+                    let outcome = if self.failed.load(Ordering::Acquire) {
+                        Err(stopped().to_string())
+                    } else {
+                        // An empty durable commit makes what was applied durable; the second
+                        // settles the first's epilogue.
+                        settle(&self.db)
+                            .and_then(|()| settle(&self.db))
+                            .map_err(|err| err.to_string())
+                    };
+                    let _ = done.send(outcome);
+                }
+                Job::Apply { seq, writes, bytes } => {
+                    let (mut last, mut batch, mut taken) = (seq, writes, bytes);
+                    // The groups queued behind this one go into the same transaction.
+                    loop {
+                        match jobs.try_recv() {
+                            Ok(Job::Apply { seq, writes, bytes }) => {
+                                last = seq;
+                                batch.extend(writes);
+                                taken += bytes;
+                            }
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    {
+                        let mut visible = self.unapplied.visible();
+                        visible.queued = visible.queued.saturating_sub(taken);
+                    }
+                    self.unapplied.taken.notify_all();
+                    // After a failure nothing more is applied: readers keep seeing the groups
+                    // through `unapplied`, and the next open applies them from the log.
+                    if self.failed.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    if let Err(err) = apply(&self.db, last, &batch) {
+                        tracing::error!(
+                            %err,
+                            "applying a logged commit failed; the embedded store stops committing; restart the server"
+                        );
+                        self.failed.store(true, Ordering::Release);
+                        self.unapplied.taken.notify_all();
+                        continue;
+                    }
+                    let mut visible = self.unapplied.visible();
+                    let applied = batch.len().min(visible.writes.len());
+                    visible.writes.drain(..applied);
+                    visible.bytes = visible.bytes.saturating_sub(taken);
+                }
+            }
+        }
+    }
+}
+
+/// Marks the store failed if the applier thread ends by a panic, and wakes a writer
+/// waiting for room.
+struct Stopped<'a>(&'a Applier);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Release);
+        }
+        self.0.unapplied.taken.notify_all();
+    }
+}
+
+/// The applier thread and its queue. Dropping it closes the queue and waits for the
+/// thread, which applies what it was handed first.
+struct ApplierThread {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ApplierThread {
+    fn start(applier: Applier) -> Result<Self, KvError> {
+        let (jobs, queue) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("moraine-redb-applier".into())
+            .spawn(move || applier.run(&queue))
+            .map_err(|err| thread_failed("applier", &err))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands the applier a job; `false` if it has stopped.
+    fn send(&self, job: Job) -> bool {
+        self.jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok())
+    }
+
+    /// Waits for the applier to apply every group handed to it and make them durable.
+    fn checkpoint(&self) -> Result<(), String> {
+        let (done, outcome) = mpsc::sync_channel(1);
+        if !self.send(Job::Checkpoint(done)) {
+            return Err("the applier thread stopped".into());
+        }
+        outcome
+            .recv()
+            .unwrap_or_else(|_| Err("the applier thread stopped".into()))
+    }
+}
+
+impl Drop for ApplierThread {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Applies logged groups' writes, in order, and commits them with the last group's sequence
+/// number, not durably: a checkpoint makes them durable later (the log holds them until
+/// then).
+fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
     {
         let mut table = txn.open_table(DATA)?;
         for (key, staged) in writes.iter().flat_map(|writes| writes.iter()) {
@@ -687,13 +925,16 @@ fn apply(
         }
         txn.open_table(META)?.insert(APPLIED, seq)?;
     }
-    txn.set_durability(if durable {
-        Durability::Immediate
-    } else {
-        Durability::None
-    })?;
+    txn.set_durability(Durability::None)?;
     txn.commit()?;
     Ok(())
+}
+
+fn thread_failed(name: &str, err: &std::io::Error) -> KvError {
+    KvError::Backend {
+        backend: NAME,
+        reason: format!("cannot start the {name} thread: {err}"),
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

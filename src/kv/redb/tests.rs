@@ -34,16 +34,15 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
     let dir = tempfile::tempdir().expect("dir");
     let db = Arc::new(Database::create(dir.path().join(FILE_NAME)).expect("db"));
     let (log, _, _) = recover(&db, dir.path()).expect("tables and log");
-    let mut writer = Writer {
-        db: Arc::clone(&db),
+    let mut writer = Writer::start(
+        Arc::clone(&db),
         log,
-        seq: 0,
-        dirty_since: None,
-        checkpoint_every: Duration::from_hours(1),
-        failed: Arc::new(AtomicBool::new(false)),
-        unapplied: Unapplied::default(),
-        history: History::new(0),
-    };
+        0,
+        Duration::from_hours(1),
+        Arc::new(AtomicBool::new(false)),
+        Unapplied::default(),
+    )
+    .expect("writer");
     let requests = [
         staged(|w| {
             w.insert(&b"k"[..], &b"first"[..]).put(&b"a"[..], &b"1"[..]);
@@ -74,6 +73,8 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
         })
         .collect();
     writer.commit_group(group);
+    // Applied by the applier thread; made durable without emptying the log.
+    writer.applier.checkpoint().expect("applied");
     let outcomes: Vec<_> = answers
         .into_iter()
         .map(|mut answer| answer.try_recv().expect("answered").expect("no error"))
@@ -120,7 +121,7 @@ async fn a_snapshot_sees_acknowledged_writes_not_yet_in_the_file() {
     }
     txn.commit().expect("commit");
     // Two commits of a group acknowledged, their apply still to come.
-    lock(&backend.committer.unapplied).writes.extend([
+    backend.committer.unapplied.visible().writes.extend([
         staged(|w| {
             w.put(&b"a"[..], &b"3"[..]).delete(&b"b"[..]);
         }),
@@ -303,4 +304,93 @@ async fn commits_staged_long_ago_are_checked_against_the_file() {
             key: b"b".to_vec()
         }))
     );
+}
+
+/// The applier, not the writer, waits for the file: while the file cannot be written (a
+/// write transaction held here, as a large transaction's apply holds it), commits are still
+/// checked, acknowledged and seen, against the writes not yet in the file; once the file is
+/// free they reach it, and a reopened store holds them.
+#[tokio::test]
+async fn commits_are_acknowledged_while_the_file_waits_for_their_apply() {
+    let dir = tempfile::tempdir().expect("dir");
+    // No checkpoint falls due while the file is held: a checkpoint waits for the applier.
+    let options = RedbOptions {
+        checkpoint_every: Duration::from_hours(1),
+        ..RedbOptions::default()
+    };
+    let backend = RedbBackend::open_with(dir.path(), options)
+        .await
+        .expect("open");
+    // The file holds a=1 (written directly: the writer thread stays idle), and is held.
+    let txn = backend.db.begin_write().expect("write");
+    txn.open_table(DATA)
+        .expect("table")
+        .insert(&b"a"[..], &b"1"[..])
+        .expect("insert");
+    txn.commit().expect("commit");
+    let held = backend.db.begin_write().expect("hold the file");
+    // Each commit is bounded in time only so that a writer waiting for the file fails the
+    // test instead of hanging it.
+    let commit = |writes: Arc<StagedWrites>| {
+        let backend = backend.clone();
+        async move {
+            tokio::time::timeout(Duration::from_mins(1), backend.commit(writes))
+                .await
+                .expect("acknowledged while the file is held")
+        }
+    };
+    assert_eq!(
+        commit(staged(|w| {
+            w.insert(&b"k"[..], &b"1"[..]);
+        }))
+        .await,
+        Ok(CommitOutcome::Committed)
+    );
+    // Checked against "k", which is not in the file yet.
+    assert_eq!(
+        commit(staged(|w| {
+            w.insert(&b"k"[..], &b"2"[..]);
+        }))
+        .await,
+        Ok(CommitOutcome::Conflict(Conflict::AlreadyExists {
+            key: b"k".to_vec()
+        }))
+    );
+    let empty = crate::kv::Digester::new().finish();
+    assert!(matches!(
+        commit(staged(|w| {
+            w.require_range(KeyRange::new(b"j".to_vec(), b"l".to_vec()), empty)
+                .put(&b"z"[..], &b"1"[..]);
+        }))
+        .await,
+        Ok(CommitOutcome::Conflict(Conflict::RangeChanged { .. }))
+    ));
+    assert_eq!(
+        commit(staged(|w| {
+            w.require_present(&b"k"[..])
+                .delete(&b"a"[..])
+                .put(&b"d"[..], &b"4"[..]);
+        }))
+        .await,
+        Ok(CommitOutcome::Committed)
+    );
+    assert_eq!(visible(&backend).await, pairs(&[("d", "4"), ("k", "1")]));
+    let file = backend.db.begin_read().expect("read");
+    let in_file: Vec<_> = file
+        .open_table(DATA)
+        .expect("table")
+        .iter()
+        .expect("iter")
+        .map(|item| {
+            let (key, value) = item.expect("item");
+            (key.value().to_vec(), value.value().to_vec())
+        })
+        .collect();
+    assert_eq!(in_file, pairs(&[("a", "1")]), "nothing applied while held");
+    drop(file);
+    drop(held);
+    // Closing waits for the applier and checkpoints.
+    drop(backend);
+    let backend = RedbBackend::open(dir.path()).await.expect("reopen");
+    assert_eq!(contents(&backend.db), pairs(&[("d", "4"), ("k", "1")]));
 }
