@@ -254,3 +254,100 @@ async fn staging_limits_refuse_the_request_and_keep_the_transaction() {
     txns.rollback(&id).expect("rolled back");
     txns.rollback(&id).expect("a second rollback is harmless");
 }
+
+fn mappings_of(ids: &[i64]) -> Op {
+    let rows: Vec<ColumnMappingRow> = ids
+        .iter()
+        .map(|&id| ColumnMappingRow {
+            mapping_id: Some(id),
+            table_id: Some(1),
+            map_type: Some("map_by_name".into()),
+        })
+        .collect();
+    Op::Insert(Insert::column_mappings(&rows))
+}
+
+fn names_of(named: &[(i64, &str)]) -> Op {
+    let rows: Vec<NameMappingRow> = named
+        .iter()
+        .map(|&(id, source)| NameMappingRow {
+            mapping_id: Some(id),
+            column_id: Some(0),
+            source_name: Some(source.into()),
+            target_field_id: Some(1),
+            parent_column: None,
+            is_partition: Some(false),
+        })
+        .collect();
+    Op::Insert(Insert::name_mappings(&rows))
+}
+
+/// Every stored mapping record, as `(mapping_id, its name rows' source names)`.
+async fn stored_names(catalog: &Catalog) -> Vec<(i64, Vec<String>)> {
+    use futures::TryStreamExt as _;
+    let snapshot = catalog.snapshot().await.expect("snapshot");
+    let pages: Vec<crate::kv::Page> = snapshot
+        .pages(
+            vec![catalog.keyspace().kind_range(crate::codec::Kind::Mapping)],
+            crate::kv::PageSize::default(),
+        )
+        .try_collect()
+        .await
+        .expect("scan");
+    pages
+        .iter()
+        .flat_map(crate::kv::Page::iter)
+        .map(|(_, value)| {
+            let record = crate::codec::decode_mapping(value).expect("a mapping record");
+            let names = record.names.into_iter().map(|n| n.source_name).collect();
+            (record.mapping_id.0, names)
+        })
+        .collect()
+}
+
+/// Name rows reach their mapping's record where the mapping's insert staged it, not by
+/// its key: that place must follow requests taken back (their records' places are reused)
+/// and a mapping deleted and inserted again (which keeps its place).
+#[tokio::test]
+async fn name_rows_reach_their_records_across_requests_taken_back_and_reinserts() {
+    let txns = transactions(TxnConfig::default());
+    let id = txns.begin(None, true).expect("begin");
+    txns.stage(&id, vec![mappings_of(&[1, 2])])
+        .await
+        .expect("mappings 1 and 2");
+    // Refused whole (mapping 1 again): 3 and 4 are taken back with it.
+    let err = txns
+        .stage(&id, vec![mappings_of(&[3, 4]), mappings_of(&[1])])
+        .await
+        .expect_err("mapping 1 twice");
+    assert!(err.to_string().contains("mapping 1"), "{err}");
+    // Staged where mapping 3's record was, before it was taken back.
+    txns.stage(&id, vec![mappings_of(&[5])])
+        .await
+        .expect("mapping 5");
+    txns.stage(&id, vec![names_of(&[(1, "one"), (2, "two"), (5, "five")])])
+        .await
+        .expect("names");
+    // Mapping 2 deleted, inserted again, named again: the new record only.
+    txns.stage(
+        &id,
+        vec![
+            Op::Delete(crate::write::Delete::ColumnMappings(vec![
+                crate::model::MappingId(2),
+            ])),
+            mappings_of(&[2]),
+            names_of(&[(2, "two again")]),
+        ],
+    )
+    .await
+    .expect("mapping 2 again");
+    txns.commit(&id).await.expect("committed");
+    assert_eq!(
+        stored_names(txns.catalog()).await,
+        vec![
+            (1, vec!["one".to_owned()]),
+            (2, vec!["two again".to_owned()]),
+            (5, vec!["five".to_owned()]),
+        ]
+    );
+}

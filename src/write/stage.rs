@@ -91,6 +91,9 @@ struct Inserted {
     table_id: i64,
     /// Whether it has a name row yet.
     named: bool,
+    /// Where its record is among the staged keys ([`StagedWrites::rewrite_at`]): its name
+    /// rows reach the record there, without building its key and probing for it.
+    at: usize,
 }
 
 /// A change to the staging's own bookkeeping, so that it can be taken back.
@@ -156,7 +159,8 @@ pub struct Staging {
     writes: Arc<StagedWrites>,
     arena: Arena,
     /// Per `mapping_id`, the mapping the transaction inserted that its later name rows join:
-    /// its table, and whether it has a name row yet.
+    /// its table, whether it has a name row yet, and where its record is staged. Holding a
+    /// mapping here means the transaction writes its record: a delete takes it out.
     inserted_ids: HashMap<i64, Inserted, RandomState>,
     /// Mappings inserted with no name row yet, `(table_id, mapping_id)`, that
     /// `inserted_ids` does not hold (their id was inserted into another table first).
@@ -770,7 +774,8 @@ impl Staging {
             let row = self.row_and_index(Kind::Mapping, TableId(table_id), mapping_id);
             let (writes, undo, arena, _) = self.parts();
             let value = arena.build(|out| encode_mapping_into(out, &head, names.iter().copied()));
-            match writes.insert_new(row.key, value, undo) {
+            let (prior, at) = writes.insert_new(row.key, value, undo);
+            match prior {
                 // Absent, or deleted by this transaction: created (again).
                 Prior::Unstaged | Prior::Deleted => {}
                 Prior::Written => {
@@ -790,7 +795,7 @@ impl Staging {
                 }
             }
             writes.insert(row.index_key, row.index_value, undo)?;
-            self.set_inserted_id(mapping_id, table_id);
+            self.set_inserted_id(mapping_id, table_id, at);
             self.set_unnamed((table_id, mapping_id), !has_names);
             self.set_missing_parents((table_id, mapping_id), pending);
             self.summary.mappings_created += 1;
@@ -878,19 +883,23 @@ impl Staging {
         group: &[NameRef<'_>],
         violations: &mut Vec<Violation>,
     ) -> Result<()> {
-        let table_id = self
+        let inserted = self
             .inserted_ids
             .get(&mapping_id)
-            .map(|inserted| inserted.table_id);
+            .map(|inserted| (inserted.table_id, inserted.at));
+        let table_id = inserted.map(|(table_id, _)| table_id);
         let mut outcome = None;
-        let held = match table_id {
+        let held = match inserted {
             None => false,
-            Some(table_id) => {
+            Some((table_id, at)) => {
                 let (writes, undo, arena, keyspace) = self.parts();
-                let key = arena.build(|out| {
-                    keyspace.put_row_key(out, Kind::Mapping, TableId(table_id), mapping_id);
-                });
-                writes.rewrite(&key, undo, |value| -> Result<Option<Bytes>> {
+                debug_assert!(
+                    writes.key_at(at).is_some_and(|key| {
+                        **key == *keyspace.row_key(Kind::Mapping, TableId(table_id), mapping_id)
+                    }),
+                    "mapping {mapping_id}'s record is not where it was staged"
+                );
+                writes.rewrite_at(at, undo, |value| -> Result<Option<Bytes>> {
                     let record = read_mapping(value)?;
                     let head = record.head();
                     let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
@@ -993,7 +1002,7 @@ impl Staging {
             let (writes, undo, arena, _) = self.parts();
             // One look-up both finds an id the transaction already wrote and stages the new
             // one's index entry.
-            match writes.insert_new(file.index_key, file.index_value, undo) {
+            match writes.insert_new(file.index_key, file.index_value, undo).0 {
                 Prior::Unstaged | Prior::Deleted => {}
                 Prior::Written => {
                     violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
@@ -1049,6 +1058,16 @@ impl Staging {
                 found.push(None);
                 continue;
             };
+            // A mapping `inserted_ids` holds for this table is one the transaction wrote (a
+            // delete takes it out): no need to build its key and probe the staged writes.
+            if self
+                .inserted_ids
+                .get(&mapping_id)
+                .is_some_and(|inserted| inserted.table_id == *table_id)
+            {
+                found.push(Some(Found::Staged));
+                continue;
+            }
             key_into(&mut key, keyspace, Kind::Mapping, *table_id, mapping_id);
             found.push(Some(match self.writes.read(&key) {
                 Some(Some(_)) => Found::Staged,
@@ -1362,11 +1381,12 @@ impl Staging {
 
     // --- Bookkeeping that a request can take back. --------------------------------------
 
-    fn set_inserted_id(&mut self, id: i64, table_id: i64) {
+    fn set_inserted_id(&mut self, id: i64, table_id: i64, at: usize) {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.inserted_ids.entry(id) {
             slot.insert(Inserted {
                 table_id,
                 named: true,
+                at,
             });
             self.record(Change::InsertedId { id, previous: None });
         }

@@ -236,3 +236,42 @@ proptest::proptest! {
         proptest::prop_assert_eq!(sealed, want);
     }
 }
+
+/// `insert_new` says where it staged a key, and `rewrite_at` reaches that key there: after
+/// other keys are staged and sealed, and after the key is deleted and inserted again. A
+/// place a taken-back change had created holds no key until one is staged there again.
+#[test]
+fn a_key_is_rewritten_where_insert_new_staged_it() {
+    let mut staged = StagedWrites::new();
+    let mut undo = Undo::new();
+    let (prior, at_b) = staged.insert_new(b("b"), b("1"), &mut undo);
+    assert_eq!(prior, Prior::Unstaged);
+    let (_, at_a) = staged.insert_new(b("a"), b("2"), &mut undo);
+    staged.seal();
+    assert_eq!(staged.key_at(at_b), Some(&b("b")));
+    assert_eq!(staged.key_at(at_a), Some(&b("a")));
+    let rewrite = |to: &'static str| move |_: &Bytes| Ok::<_, ()>(Some(b(to)));
+    assert_eq!(staged.rewrite_at(at_b, &mut undo, rewrite("11")), Ok(true));
+    assert_eq!(staged.read(b"b"), Some(Some(&b("11"))));
+    assert_eq!(staged.read(b"a"), Some(Some(&b("2"))), "only b's record");
+
+    staged.delete(b("b"), &mut undo).expect("delete");
+    assert_eq!(
+        staged.rewrite_at(at_b, &mut undo, rewrite("x")),
+        Ok(false),
+        "a deleted key holds no value to rewrite"
+    );
+    let (prior, again) = staged.insert_new(b("b"), b("3"), &mut undo);
+    assert_eq!((prior, again), (Prior::Deleted, at_b), "the same place");
+
+    let mut change = Undo::new();
+    let (_, at_c) = staged.insert_new(b("c"), b("4"), &mut change);
+    staged.undo(change);
+    assert_eq!(staged.key_at(at_c), None);
+    assert_eq!(staged.rewrite_at(at_c, &mut undo, rewrite("y")), Ok(false));
+    let (_, at_d) = staged.insert_new(b("d"), b("5"), &mut undo);
+    assert_eq!(at_d, at_c, "the place is staged again");
+    assert_eq!(staged.rewrite_at(at_d, &mut undo, rewrite("55")), Ok(true));
+    assert_eq!(staged.read(b"d"), Some(Some(&b("55"))));
+    assert_eq!(staged.read(b"c"), None);
+}
