@@ -4,6 +4,7 @@
 //! writes instead of copying them, and the commit hands them to the backend sorted and
 //! reduced.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::ops::Bound;
 
@@ -344,8 +345,10 @@ impl StagedWrites {
         self.sealed = self.entries.len();
     }
 
-    /// Positions of the entries whose keys are in `range`, in key order.
-    fn positions_in(&self, range: (Bound<&[u8]>, Bound<&[u8]>)) -> Vec<usize> {
+    /// Positions of the entries whose keys are in `range`, in key order: a part of the key
+    /// order itself when every key is in it, so that a reader that takes a few entries off
+    /// the front of a large range (a scan's page) pays for those, not for the whole range.
+    fn positions_in(&self, range: (Bound<&[u8]>, Bound<&[u8]>)) -> Cow<'_, [usize]> {
         let entries = &self.entries;
         let key = |at: usize| key_at(entries, at);
         let lo = match range.0 {
@@ -368,7 +371,7 @@ impl StagedWrites {
         };
         let sealed = self.order.get(lo..hi.max(lo)).unwrap_or_default();
         if self.is_sealed() {
-            return sealed.to_vec();
+            return Cow::Borrowed(sealed);
         }
         // Keys staged since the last seal: those in the range, sorted, merged in.
         let fresh: Vec<usize> = (self.sealed..entries.len())
@@ -378,18 +381,20 @@ impl StagedWrites {
                     .is_some_and(|(key, _)| in_bounds(key, range))
             })
             .collect();
-        merge_positions(
+        Cow::Owned(merge_positions(
             entries,
             sealed,
             sorted_positions(entries, fresh.into_iter()),
-        )
+        ))
     }
 
-    /// The entries at `positions`.
-    fn at(&self, positions: Vec<usize>) -> impl DoubleEndedIterator<Item = (&Bytes, &Staged)> {
-        positions
-            .into_iter()
-            .filter_map(|at| self.entries.get_index(at))
+    /// The entries at `positions`, read as they are taken.
+    fn at<'a>(
+        &'a self,
+        positions: Cow<'a, [usize]>,
+    ) -> impl DoubleEndedIterator<Item = (&'a Bytes, &'a Staged)> + 'a {
+        (0..positions.len())
+            .filter_map(move |i| positions.get(i).and_then(|&at| self.entries.get_index(at)))
     }
 
     /// Every entry, in key order.
