@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::page::fill_page;
 use super::{Divided, Division, KeyRange, KvError, KvSnapshot, Page, PageSize, StagedWrites};
 
 pub(crate) struct OverlaySnapshot {
@@ -82,21 +83,21 @@ impl KvSnapshot for OverlaySnapshot {
 }
 
 /// The base pairs with the writes over the same stretch of keys applied, in key order, up to
-/// the pair that fills a page of `size`; and whether a pair lies after that one. Only what
-/// the page takes is read (and one pair more): the writes may reach far past the base page
-/// (a base that is empty there, a large transaction's own rows), and a scan through them
-/// reads them a page at a time, not all of them again for every page.
+/// the pair that fills a page of `size` (`size` at least one, as a scan asks); and whether a
+/// pair lies after that one. Only what the page takes is read (and one pair more): the writes
+/// may reach far past the base page (a base that is empty there, a large transaction's own
+/// rows), and a scan through them reads them a page at a time, not all of them again for
+/// every page.
 fn merge<'w>(
     base: &Page,
     written: impl Iterator<Item = (&'w bytes::Bytes, Option<&'w bytes::Bytes>)>,
     size: PageSize,
 ) -> (Page, bool) {
-    let mut out = Page::with_capacity(base.len(), base.bytes());
     let mut written = written.peekable();
     let mut base = base.iter().peekable();
     // The next pair of the merged stretch: a write before (or at) the next base key wins
     // (a delete removes its key), else the base pair.
-    let mut next = || -> Option<(&[u8], &[u8])> {
+    let next = || -> Option<(&[u8], &[u8])> {
         loop {
             let take_written = match (written.peek(), base.peek()) {
                 (Some((w_key, _)), Some((key, _))) => w_key.as_ref() <= *key,
@@ -116,13 +117,14 @@ fn merge<'w>(
             }
         }
     };
-    while let Some((key, value)) = next() {
-        if !out.is_empty() && size.is_full(out.len(), out.bytes()) {
-            return (out, true);
-        }
-        out.push(key, value);
-    }
-    (out, false)
+    let mut pairs = std::iter::from_fn(next).peekable();
+    let Ok(out) = fill_page(
+        pairs.by_ref().map(Ok::<_, std::convert::Infallible>),
+        size,
+        |out, (key, value)| out.push(key, value),
+    );
+    let more = !out.is_exhausted() && pairs.peek().is_some();
+    (out, more)
 }
 
 #[cfg(test)]

@@ -156,23 +156,6 @@ impl Page {
         }
     }
 
-    /// Keeps the pairs a scan would have put in one page of `size`: up to the pair that fills
-    /// it. Says whether pairs were dropped.
-    pub fn fit(&mut self, size: PageSize) -> bool {
-        let full = self
-            .ends
-            .iter()
-            .enumerate()
-            .position(|(i, &(_, value_end))| size.is_full(i + 1, value_end));
-        match full {
-            Some(last) if last + 1 < self.len() => {
-                self.truncate(last + 1);
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// The pairs as owned pairs.
     #[must_use]
     pub fn to_pairs(&self) -> Vec<KvPair> {

@@ -18,21 +18,7 @@ fn timed(config: TxnConfig, clock: Clock) -> Transactions {
 }
 
 fn mapping(id: i64) -> Vec<Op> {
-    vec![
-        Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
-            mapping_id: Some(id),
-            table_id: Some(1),
-            map_type: Some("map_by_name".into()),
-        }])),
-        Op::Insert(Insert::name_mappings(&[NameMappingRow {
-            mapping_id: Some(id),
-            column_id: Some(0),
-            source_name: Some("id".into()),
-            target_field_id: Some(1),
-            parent_column: None,
-            is_partition: Some(false),
-        }])),
-    ]
+    vec![mappings_of(&[id]), names_of(&[(id, "id")])]
 }
 
 /// A store that takes every commit and never says whether it applied it.

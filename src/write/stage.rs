@@ -1058,13 +1058,8 @@ impl Staging {
                 found.push(None);
                 continue;
             };
-            // A mapping `inserted_ids` holds for this table is one the transaction wrote (a
-            // delete takes it out): no need to build its key and probe the staged writes.
-            if self
-                .inserted_ids
-                .get(&mapping_id)
-                .is_some_and(|inserted| inserted.table_id == *table_id)
-            {
+            // No need to build its key and probe the staged writes.
+            if self.writes_mapping((*table_id, mapping_id)) {
                 found.push(Some(Found::Staged));
                 continue;
             }
@@ -1191,12 +1186,7 @@ impl Staging {
             if kind == Kind::Mapping {
                 self.mappings_deleted = true;
             }
-            if kind == Kind::Mapping
-                && self
-                    .inserted_ids
-                    .get(&id)
-                    .is_some_and(|inserted| inserted.table_id == table_id)
-            {
+            if kind == Kind::Mapping && self.writes_mapping((table_id, id)) {
                 self.set_unnamed((table_id, id), false);
                 self.remove_inserted_id(id);
                 self.set_missing_parents((table_id, id), Vec::new());
@@ -1380,6 +1370,14 @@ impl Staging {
     }
 
     // --- Bookkeeping that a request can take back. --------------------------------------
+
+    /// Whether `inserted_ids` holds mapping `key`: the transaction inserted it and writes its
+    /// record (a delete takes it out).
+    fn writes_mapping(&self, (table_id, id): MappingKey) -> bool {
+        self.inserted_ids
+            .get(&id)
+            .is_some_and(|inserted| inserted.table_id == table_id)
+    }
 
     fn set_inserted_id(&mut self, id: i64, table_id: i64, at: usize) {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.inserted_ids.entry(id) {
