@@ -10,8 +10,7 @@ use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::builder::NullBufferBuilder;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray as _, BooleanArray, BooleanBuilder, Int64Array, Int64Builder,
-    StringArray,
+    Array, ArrayRef, AsArray as _, BooleanArray, BooleanBufferBuilder, Int64Array, StringArray,
 };
 use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
@@ -156,6 +155,38 @@ impl TextBuilder {
         self.nulls.append_non_null();
     }
 
+    /// Appends values, none of them NULL.
+    #[inline]
+    pub fn extend<'a>(&mut self, values: impl ExactSizeIterator<Item = &'a [u8]>) {
+        let n = values.len();
+        self.offsets.reserve(n);
+        for value in values {
+            self.values.extend_from_slice(value);
+            let end = self.end();
+            self.offsets.push(end);
+        }
+        self.nulls.append_n_non_nulls(n);
+    }
+
+    /// Appends `value` (or NULL) `n` times.
+    #[inline]
+    pub fn append_n(&mut self, value: Option<&[u8]>, n: usize) {
+        let Some(value) = value else {
+            let end = self.end();
+            self.offsets.extend(std::iter::repeat_n(end, n));
+            self.nulls.append_n_nulls(n);
+            return;
+        };
+        self.values.reserve(value.len().saturating_mul(n));
+        self.offsets.reserve(n);
+        for _ in 0..n {
+            self.values.extend_from_slice(value);
+            let end = self.end();
+            self.offsets.push(end);
+        }
+        self.nulls.append_n_non_nulls(n);
+    }
+
     /// Appends NULL.
     #[inline]
     pub fn append_null(&mut self) {
@@ -164,20 +195,15 @@ impl TextBuilder {
         self.nulls.append_null();
     }
 
-    /// The values appended so far; the builder starts over empty.
-    ///
-    /// # Errors
-    /// When a value is not UTF-8, or the values outgrow a string array's offsets.
-    pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
-        self.finish_with_room(false)
-    }
-
-    /// The values appended so far; the builder starts over empty, with room for as many
-    /// values and bytes as it just held when `keep_room` (another batch, most likely of
-    /// the same size, follows).
+    /// The values appended so far; the builder starts over empty, with room for the values
+    /// and bytes it just held and [a little more](with_slack) when `keep_room` (another
+    /// batch, most likely of the same size, follows).
     fn finish_with_room(&mut self, keep_room: bool) -> Result<ArrayRef, ArrowError> {
         let next = if keep_room {
-            Self::with_capacity(self.offsets.len() - 1, self.values.len())
+            Self::with_capacity(
+                with_slack(self.offsets.len() - 1),
+                with_slack(self.values.len()),
+            )
         } else {
             Self::with_capacity(0, 0)
         };
@@ -201,25 +227,121 @@ impl TextBuilder {
     }
 }
 
+/// A BIGINT column: the values in a plain vector, so that a run of them is appended in one
+/// pass (Arrow's `Int64Builder` takes them one call at a time).
+#[derive(Debug)]
+pub struct IntBuilder {
+    values: Vec<i64>,
+    nulls: NullBufferBuilder,
+}
+
+impl IntBuilder {
+    /// A builder with room for `rows` values.
+    #[must_use]
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            values: Vec::with_capacity(rows),
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    /// Appends a value, or NULL.
+    #[inline]
+    pub fn append(&mut self, value: Option<i64>) {
+        self.values.push(value.unwrap_or_default());
+        self.nulls.append(value.is_some());
+    }
+
+    /// Appends `value` `n` times.
+    #[inline]
+    pub fn append_n(&mut self, value: i64, n: usize) {
+        self.values.extend(std::iter::repeat_n(value, n));
+        self.nulls.append_n_non_nulls(n);
+    }
+
+    /// Appends values, none of them NULL.
+    #[inline]
+    pub fn extend(&mut self, values: impl ExactSizeIterator<Item = i64>) {
+        let n = values.len();
+        self.values.extend(values);
+        self.nulls.append_n_non_nulls(n);
+    }
+
+    fn finish_with_room(&mut self, keep_room: bool) -> ArrayRef {
+        let rows = if keep_room {
+            with_slack(self.values.len())
+        } else {
+            0
+        };
+        let Self { values, mut nulls } = std::mem::replace(self, Self::with_capacity(rows));
+        Arc::new(Int64Array::new(ScalarBuffer::from(values), nulls.finish()))
+    }
+}
+
+/// A BOOLEAN column.
+#[derive(Debug)]
+pub struct BoolBuilder {
+    values: BooleanBufferBuilder,
+    nulls: NullBufferBuilder,
+}
+
+impl BoolBuilder {
+    /// A builder with room for `rows` values.
+    #[must_use]
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            values: BooleanBufferBuilder::new(rows),
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    /// Appends a value, or NULL.
+    #[inline]
+    pub fn append(&mut self, value: Option<bool>) {
+        self.values.append(value.unwrap_or_default());
+        self.nulls.append(value.is_some());
+    }
+
+    fn finish_with_room(&mut self, keep_room: bool) -> ArrayRef {
+        let rows = if keep_room {
+            with_slack(self.values.len())
+        } else {
+            0
+        };
+        let Self {
+            mut values,
+            mut nulls,
+        } = std::mem::replace(self, Self::with_capacity(rows));
+        Arc::new(BooleanArray::new(values.finish(), nulls.finish()))
+    }
+}
+
+/// Room for a next batch after one of `n` values: an eighth more, since a scan's batches
+/// run past their row target by up to one record's rows, and growing a column copies it.
+fn with_slack(n: usize) -> usize {
+    n.saturating_add(n / 8)
+}
+
 /// A builder of one column.
 #[derive(Debug)]
 pub enum ColumnBuilder {
     /// A BIGINT column.
-    BigInt(Int64Builder),
+    BigInt(IntBuilder),
     /// A VARCHAR column.
     Varchar(TextBuilder),
     /// A BOOLEAN column.
-    Boolean(BooleanBuilder),
+    Boolean(BoolBuilder),
 }
 
 impl ColumnBuilder {
-    /// A builder for `ty` with room for `rows` values.
+    /// A builder for `ty` with room for `rows` values and [a little more](with_slack).
     #[must_use]
     pub fn new(ty: SqlType, rows: usize) -> Self {
+        let rows = with_slack(rows);
         match ty {
-            SqlType::BigInt => Self::BigInt(Int64Builder::with_capacity(rows)),
+            SqlType::BigInt => Self::BigInt(IntBuilder::with_capacity(rows)),
             SqlType::Varchar => Self::Varchar(TextBuilder::with_capacity(rows, rows * 16)),
-            SqlType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(rows)),
+            SqlType::Boolean => Self::Boolean(BoolBuilder::with_capacity(rows)),
         }
     }
 
@@ -227,7 +349,7 @@ impl ColumnBuilder {
     #[inline]
     pub fn int(&mut self, value: Option<i64>) {
         if let Self::BigInt(b) = self {
-            b.append_option(value);
+            b.append(value);
         }
     }
 
@@ -235,26 +357,41 @@ impl ColumnBuilder {
     #[inline]
     pub fn int_n(&mut self, value: i64, n: usize) {
         if let Self::BigInt(b) = self {
-            b.append_value_n(value, n);
+            b.append_n(value, n);
         }
     }
 
-    /// Appends a VARCHAR (or NULL) from its bytes; ignored by a builder of another type.
+    /// Appends BIGINTs, none NULL; ignored by a builder of another type.
     #[inline]
-    pub fn text(&mut self, value: Option<&[u8]>) {
+    pub fn ints(&mut self, values: impl ExactSizeIterator<Item = i64>) {
+        if let Self::BigInt(b) = self {
+            b.extend(values);
+        }
+    }
+
+    /// Appends VARCHARs from their bytes, none NULL; ignored by a builder of another type.
+    #[inline]
+    pub fn texts<'a>(&mut self, values: impl ExactSizeIterator<Item = &'a [u8]>) {
         if let Self::Varchar(b) = self {
-            match value {
-                Some(value) => b.append(value),
-                None => b.append_null(),
-            }
+            b.extend(values);
         }
     }
 
-    /// Appends a BOOLEAN (or NULL); ignored by a builder of another type.
+    /// Appends BOOLEANs, none NULL; ignored by a builder of another type.
     #[inline]
-    pub fn boolean(&mut self, value: Option<bool>) {
+    pub fn booleans(&mut self, values: impl ExactSizeIterator<Item = bool>) {
         if let Self::Boolean(b) = self {
-            b.append_option(value);
+            let n = values.len();
+            values.for_each(|v| b.values.append(v));
+            b.nulls.append_n_non_nulls(n);
+        }
+    }
+
+    /// Appends the VARCHAR (or NULL) `value` `n` times; ignored by a builder of another type.
+    #[inline]
+    pub fn text_n(&mut self, value: Option<&[u8]>, n: usize) {
+        if let Self::Varchar(b) = self {
+            b.append_n(value, n);
         }
     }
 
@@ -262,12 +399,12 @@ impl ColumnBuilder {
     #[inline]
     pub fn cell(&mut self, cell: Cell<'_>) {
         match (self, cell) {
-            (Self::BigInt(b), Cell::BigInt(v)) => b.append_value(v),
+            (Self::BigInt(b), Cell::BigInt(v)) => b.append(Some(v)),
             (Self::Varchar(b), Cell::Varchar(v)) => b.append(v.as_bytes()),
-            (Self::Boolean(b), Cell::Boolean(v)) => b.append_value(v),
-            (Self::BigInt(b), _) => b.append_null(),
+            (Self::Boolean(b), Cell::Boolean(v)) => b.append(Some(v)),
+            (Self::BigInt(b), _) => b.append(None),
             (Self::Varchar(b), _) => b.append_null(),
-            (Self::Boolean(b), _) => b.append_null(),
+            (Self::Boolean(b), _) => b.append(None),
         }
     }
 
@@ -276,33 +413,25 @@ impl ColumnBuilder {
     /// # Errors
     /// When a VARCHAR value is not UTF-8.
     pub fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
-        Ok(match self {
-            Self::BigInt(b) => Arc::new(b.finish()),
-            Self::Varchar(b) => b.finish()?,
-            Self::Boolean(b) => Arc::new(b.finish()),
-        })
+        self.finish_with_room(false)
     }
 
     /// The values appended so far, for a builder that goes on to build another batch: it
-    /// starts over empty with room for as many values as it just held, so that a scan's
-    /// batches after the first grow nothing. (A builder finished once, or replaced after,
+    /// starts over empty with room for the values it just held and [a little
+    /// more](with_slack), so that a scan's batches after the first grow nothing. (A builder finished once, or replaced after,
     /// takes [`finish`](Self::finish), which allocates nothing for a next batch.)
     ///
     /// # Errors
     /// When a VARCHAR value is not UTF-8.
     pub fn finish_for_more(&mut self) -> Result<ArrayRef, ArrowError> {
+        self.finish_with_room(true)
+    }
+
+    fn finish_with_room(&mut self, keep_room: bool) -> Result<ArrayRef, ArrowError> {
         Ok(match self {
-            Self::BigInt(b) => {
-                let array = b.finish();
-                *b = Int64Builder::with_capacity(array.len());
-                Arc::new(array)
-            }
-            Self::Varchar(b) => b.finish_with_room(true)?,
-            Self::Boolean(b) => {
-                let array = b.finish();
-                *b = BooleanBuilder::with_capacity(array.len());
-                Arc::new(array)
-            }
+            Self::BigInt(b) => b.finish_with_room(keep_room),
+            Self::Varchar(b) => b.finish_with_room(keep_room)?,
+            Self::Boolean(b) => b.finish_with_room(keep_room),
         })
     }
 }
@@ -481,7 +610,10 @@ mod tests {
             assert!(builder.values.is_empty());
         }
         builder.append(&[0xff]);
-        assert!(builder.finish().is_err(), "not UTF-8 is refused");
+        assert!(
+            builder.finish_with_room(false).is_err(),
+            "not UTF-8 is refused"
+        );
     }
 
     /// BIGINT and BOOLEAN builders keep their room across a finish too.
@@ -489,28 +621,90 @@ mod tests {
     fn finished_column_builders_keep_room_for_the_next_batch() {
         for ty in [SqlType::BigInt, SqlType::Boolean] {
             let mut builder = ColumnBuilder::new(ty, 0);
-            for _ in 0..1000 {
+            let append = |builder: &mut ColumnBuilder| {
                 builder.int(Some(7));
-                builder.boolean(Some(true));
+                builder.booleans(std::iter::once(true));
+            };
+            for _ in 0..1000 {
+                append(&mut builder);
             }
             assert_eq!(builder.finish_for_more().expect("finished").len(), 1000);
             let room = match &builder {
-                ColumnBuilder::BigInt(b) => b.capacity(),
-                ColumnBuilder::Boolean(b) => b.capacity(),
+                ColumnBuilder::BigInt(b) => b.values.capacity(),
+                ColumnBuilder::Boolean(b) => b.values.capacity(),
                 ColumnBuilder::Varchar(_) => 0,
             };
-            assert!(room >= 1000, "{ty:?}: room for {room} values");
-            builder.int(Some(7));
-            builder.boolean(Some(true));
+            assert!(room >= 1000 + 1000 / 8, "{ty:?}: room for {room} values");
+            append(&mut builder);
             // A builder finished for good keeps no room.
             assert_eq!(builder.finish().expect("finished").len(), 1);
             let room = match &builder {
-                ColumnBuilder::BigInt(b) => b.capacity(),
-                ColumnBuilder::Boolean(b) => b.capacity(),
+                ColumnBuilder::BigInt(b) => b.values.capacity(),
+                ColumnBuilder::Boolean(b) => b.values.capacity(),
                 ColumnBuilder::Varchar(_) => usize::MAX,
             };
             assert_eq!(room, 0, "{ty:?}");
         }
+    }
+
+    /// Runs of values (a record's name rows, a mapping's columns repeated over them) build
+    /// the same column as the values appended one by one, NULLs included.
+    #[test]
+    fn runs_of_values_build_what_single_values_do() {
+        use crate::model::Cell;
+
+        let mut ints = ColumnBuilder::new(SqlType::BigInt, 0);
+        ints.ints([1, 2, 3].into_iter());
+        ints.int_n(7, 2);
+        ints.int(None);
+        ints.ints(std::iter::empty());
+        ints.int_n(9, 0);
+        ints.cell(Cell::BigInt(4));
+        let ints = ints.finish_for_more().expect("finished");
+        let ints = ints.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        assert_eq!(
+            ints.iter().collect::<Vec<_>>(),
+            [Some(1), Some(2), Some(3), Some(7), Some(7), None, Some(4)]
+        );
+
+        let mut texts = ColumnBuilder::new(SqlType::Varchar, 0);
+        texts.texts([&b"a"[..], b"bc"].into_iter());
+        texts.text_n(Some(b"x"), 3);
+        texts.text_n(None, 2);
+        texts.cell(Cell::Varchar("é"));
+        texts.text_n(Some(b""), 1);
+        let texts = texts.finish_for_more().expect("UTF-8");
+        assert_eq!(
+            texts.as_string::<i32>().iter().collect::<Vec<_>>(),
+            [
+                Some("a"),
+                Some("bc"),
+                Some("x"),
+                Some("x"),
+                Some("x"),
+                None,
+                None,
+                Some("é"),
+                Some("")
+            ]
+        );
+
+        let mut booleans = ColumnBuilder::new(SqlType::Boolean, 0);
+        booleans.booleans([true, false].into_iter());
+        booleans.cell(Cell::Null);
+        booleans.booleans(std::iter::once(true));
+        let booleans = booleans.finish().expect("finished");
+        assert_eq!(
+            booleans.as_boolean().iter().collect::<Vec<_>>(),
+            [Some(true), Some(false), None, Some(true)]
+        );
+
+        // A run on a builder of another type is ignored, as a single value is.
+        let mut ints = ColumnBuilder::new(SqlType::BigInt, 0);
+        ints.texts(std::iter::once(&b"x"[..]));
+        ints.text_n(Some(b"x"), 2);
+        ints.booleans(std::iter::once(true));
+        assert_eq!(ints.finish().expect("finished").len(), 0);
     }
 
     /// Each named position is where its column stands in the model's column table.

@@ -175,7 +175,7 @@ impl FlightSqlService for MoraineSqlService {
             &self.ticket_key,
         ))?;
         let stream = status(self.stream_ticket(ticket, &session).await)?;
-        Ok(Response::new(flight_stream(stream.schema(), stream)))
+        Ok(Response::new(flight_stream(&stream.schema(), stream)))
     }
 
     async fn do_get_prepared_statement(
@@ -200,7 +200,7 @@ impl FlightSqlService for MoraineSqlService {
                 .execute_at(&view, &prepared.sql, prepared.bound)
                 .await,
         )?;
-        Ok(Response::new(flight_stream(stream.schema(), stream)))
+        Ok(Response::new(flight_stream(&stream.schema(), stream)))
     }
 
     async fn do_action_create_prepared_statement(

@@ -114,9 +114,7 @@ impl Out {
                         continue;
                     }
                     2 => {
-                        for _ in 0..n {
-                            builder.text(head.map_type.map(str::as_bytes));
-                        }
+                        builder.text_n(head.map_type.map(str::as_bytes), n);
                         continue;
                     }
                     // The name row's columns, `column_id` first, as in the name table.
@@ -127,15 +125,11 @@ impl Out {
             };
             match column {
                 MAPPING_ID => builder.int_n(head.mapping_id, n),
-                COLUMN_ID => names.iter().for_each(|m| builder.int(Some(m.column_id))),
-                SOURCE_NAME => names.iter().for_each(|m| builder.text(Some(m.source_name))),
-                TARGET_FIELD_ID => names
-                    .iter()
-                    .for_each(|m| builder.int(Some(m.target_field_id))),
+                COLUMN_ID => builder.ints(names.iter().map(|m| m.column_id)),
+                SOURCE_NAME => builder.texts(names.iter().map(|m| m.source_name)),
+                TARGET_FIELD_ID => builder.ints(names.iter().map(|m| m.target_field_id)),
                 PARENT_COLUMN => names.iter().for_each(|m| builder.int(m.parent_column)),
-                IS_PARTITION => names
-                    .iter()
-                    .for_each(|m| builder.boolean(Some(m.is_partition))),
+                IS_PARTITION => builder.booleans(names.iter().map(|m| m.is_partition)),
                 _ => {}
             }
         }
@@ -384,12 +378,12 @@ fn append_load_group(
         let Some((key, value)) = records.get(at + taken) else {
             break;
         };
-        let before = names.len();
-        let head = check_mapping_raw(keyspace, key, value, &mut names)?;
-        if id.is_some_and(|id| id != head.mapping_id) {
-            names.truncate(before);
+        // The key says where the group ends: the record after it is left undecoded.
+        let mapping_id = keyspace.decode(key)?.id;
+        if id.is_some_and(|id| id != mapping_id) {
             break;
         }
+        let head = check_mapping_raw(keyspace, key, value, &mut names)?;
         id = Some(head.mapping_id);
         if keep.table(head.table_id) {
             heads.push(head);
