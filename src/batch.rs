@@ -267,6 +267,29 @@ impl IntBuilder {
         self.nulls.append_n_non_nulls(n);
     }
 
+    /// Appends values and NULLs; each run of values, or of NULLs, marks its validity at once.
+    #[inline]
+    pub fn extend_options(&mut self, values: impl Iterator<Item = Option<i64>>) {
+        let mut run = (true, 0);
+        for value in values {
+            self.values.push(value.unwrap_or_default());
+            if value.is_some() != run.0 {
+                self.mark(run);
+                run = (value.is_some(), 0);
+            }
+            run.1 += 1;
+        }
+        self.mark(run);
+    }
+
+    fn mark(&mut self, (valid, n): (bool, usize)) {
+        if valid {
+            self.nulls.append_n_non_nulls(n);
+        } else {
+            self.nulls.append_n_nulls(n);
+        }
+    }
+
     fn finish_with_room(&mut self, keep_room: bool) -> ArrayRef {
         let rows = if keep_room {
             with_slack(self.values.len())
@@ -345,14 +368,6 @@ impl ColumnBuilder {
         }
     }
 
-    /// Appends a BIGINT (or NULL); ignored by a builder of another type.
-    #[inline]
-    pub fn int(&mut self, value: Option<i64>) {
-        if let Self::BigInt(b) = self {
-            b.append(value);
-        }
-    }
-
     /// Appends the BIGINT `value` `n` times; ignored by a builder of another type.
     #[inline]
     pub fn int_n(&mut self, value: i64, n: usize) {
@@ -366,6 +381,14 @@ impl ColumnBuilder {
     pub fn ints(&mut self, values: impl ExactSizeIterator<Item = i64>) {
         if let Self::BigInt(b) = self {
             b.extend(values);
+        }
+    }
+
+    /// Appends BIGINTs and NULLs; ignored by a builder of another type.
+    #[inline]
+    pub fn int_options(&mut self, values: impl Iterator<Item = Option<i64>>) {
+        if let Self::BigInt(b) = self {
+            b.extend_options(values);
         }
     }
 
@@ -622,7 +645,7 @@ mod tests {
         for ty in [SqlType::BigInt, SqlType::Boolean] {
             let mut builder = ColumnBuilder::new(ty, 0);
             let append = |builder: &mut ColumnBuilder| {
-                builder.int(Some(7));
+                builder.int_options(std::iter::once(Some(7)));
                 builder.booleans(std::iter::once(true));
             };
             for _ in 0..1000 {
@@ -656,15 +679,33 @@ mod tests {
         let mut ints = ColumnBuilder::new(SqlType::BigInt, 0);
         ints.ints([1, 2, 3].into_iter());
         ints.int_n(7, 2);
-        ints.int(None);
+        ints.int_options(std::iter::once(None));
         ints.ints(std::iter::empty());
         ints.int_n(9, 0);
         ints.cell(Cell::BigInt(4));
+        ints.int_options([None, None, Some(5), None, Some(6), Some(8)].into_iter());
+        ints.int_options(std::iter::empty());
+        ints.int_options([Some(9)].into_iter());
         let ints = ints.finish_for_more().expect("finished");
         let ints = ints.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
         assert_eq!(
             ints.iter().collect::<Vec<_>>(),
-            [Some(1), Some(2), Some(3), Some(7), Some(7), None, Some(4)]
+            [
+                Some(1),
+                Some(2),
+                Some(3),
+                Some(7),
+                Some(7),
+                None,
+                Some(4),
+                None,
+                None,
+                Some(5),
+                None,
+                Some(6),
+                Some(8),
+                Some(9)
+            ]
         );
 
         let mut texts = ColumnBuilder::new(SqlType::Varchar, 0);
@@ -705,6 +746,9 @@ mod tests {
         ints.text_n(Some(b"x"), 2);
         ints.booleans(std::iter::once(true));
         assert_eq!(ints.finish().expect("finished").len(), 0);
+        let mut texts = ColumnBuilder::new(SqlType::Varchar, 0);
+        texts.int_options(std::iter::once(Some(1)));
+        assert_eq!(texts.finish().expect("finished").len(), 0);
     }
 
     /// Each named position is where its column stands in the model's column table.

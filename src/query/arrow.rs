@@ -128,7 +128,7 @@ impl Out {
                 COLUMN_ID => builder.ints(names.iter().map(|m| m.column_id)),
                 SOURCE_NAME => builder.texts(names.iter().map(|m| m.source_name)),
                 TARGET_FIELD_ID => builder.ints(names.iter().map(|m| m.target_field_id)),
-                PARENT_COLUMN => names.iter().for_each(|m| builder.int(m.parent_column)),
+                PARENT_COLUMN => builder.int_options(names.iter().map(|m| m.parent_column)),
                 IS_PARTITION => builder.booleans(names.iter().map(|m| m.is_partition)),
                 _ => {}
             }
