@@ -588,7 +588,7 @@ fn canonical_mapping<'a>(body: &'a [u8], names: &mut impl NameSink<'a>) -> Optio
 /// `None` for any other layout.
 #[expect(
     clippy::inline_always,
-    reason = "read once per stored name row; a call per row was a tenth of a full scan's decoding"
+    reason = "read once per stored name row; inlined, a full scan's decoding takes 11% fewer instructions"
 )]
 #[inline(always)]
 fn canonical_name(message: &[u8]) -> Option<RawName<'_>> {
