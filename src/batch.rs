@@ -146,12 +146,18 @@ impl TextBuilder {
         })
     }
 
-    /// Appends a value.
+    /// A value's bytes and offset; its validity is the caller's to mark.
     #[inline]
-    pub fn append(&mut self, value: &[u8]) {
+    fn push_bytes(&mut self, value: &[u8]) {
         self.values.extend_from_slice(value);
         let end = self.end();
         self.offsets.push(end);
+    }
+
+    /// Appends a value.
+    #[inline]
+    pub fn append(&mut self, value: &[u8]) {
+        self.push_bytes(value);
         self.nulls.append_non_null();
     }
 
@@ -160,11 +166,7 @@ impl TextBuilder {
     pub fn extend<'a>(&mut self, values: impl ExactSizeIterator<Item = &'a [u8]>) {
         let n = values.len();
         self.offsets.reserve(n);
-        for value in values {
-            self.values.extend_from_slice(value);
-            let end = self.end();
-            self.offsets.push(end);
-        }
+        values.for_each(|value| self.push_bytes(value));
         self.nulls.append_n_non_nulls(n);
     }
 
@@ -180,9 +182,7 @@ impl TextBuilder {
         self.values.reserve(value.len().saturating_mul(n));
         self.offsets.reserve(n);
         for _ in 0..n {
-            self.values.extend_from_slice(value);
-            let end = self.end();
-            self.offsets.push(end);
+            self.push_bytes(value);
         }
         self.nulls.append_n_non_nulls(n);
     }
@@ -199,14 +199,10 @@ impl TextBuilder {
     /// and bytes it just held and [a little more](with_slack) when `keep_room` (another
     /// batch, most likely of the same size, follows).
     fn finish_with_room(&mut self, keep_room: bool) -> Result<ArrayRef, ArrowError> {
-        let next = if keep_room {
-            Self::with_capacity(
-                with_slack(self.offsets.len() - 1),
-                with_slack(self.values.len()),
-            )
-        } else {
-            Self::with_capacity(0, 0)
-        };
+        let next = Self::with_capacity(
+            next_room(self.offsets.len() - 1, keep_room),
+            next_room(self.values.len(), keep_room),
+        );
         let Self {
             offsets,
             values,
@@ -291,11 +287,7 @@ impl IntBuilder {
     }
 
     fn finish_with_room(&mut self, keep_room: bool) -> ArrayRef {
-        let rows = if keep_room {
-            with_slack(self.values.len())
-        } else {
-            0
-        };
+        let rows = next_room(self.values.len(), keep_room);
         let Self { values, mut nulls } = std::mem::replace(self, Self::with_capacity(rows));
         Arc::new(Int64Array::new(ScalarBuffer::from(values), nulls.finish()))
     }
@@ -325,12 +317,16 @@ impl BoolBuilder {
         self.nulls.append(value.is_some());
     }
 
+    /// Appends values, none of them NULL.
+    #[inline]
+    pub fn extend(&mut self, values: impl ExactSizeIterator<Item = bool>) {
+        let n = values.len();
+        values.for_each(|value| self.values.append(value));
+        self.nulls.append_n_non_nulls(n);
+    }
+
     fn finish_with_room(&mut self, keep_room: bool) -> ArrayRef {
-        let rows = if keep_room {
-            with_slack(self.values.len())
-        } else {
-            0
-        };
+        let rows = next_room(self.values.len(), keep_room);
         let Self {
             mut values,
             mut nulls,
@@ -343,6 +339,12 @@ impl BoolBuilder {
 /// run past their row target by up to one record's rows, and growing a column copies it.
 fn with_slack(n: usize) -> usize {
     n.saturating_add(n / 8)
+}
+
+/// Room a finished builder keeps for the next batch after one of `n` values: none unless
+/// `keep_room`.
+fn next_room(n: usize, keep_room: bool) -> usize {
+    if keep_room { with_slack(n) } else { 0 }
 }
 
 /// A builder of one column.
@@ -404,9 +406,7 @@ impl ColumnBuilder {
     #[inline]
     pub fn booleans(&mut self, values: impl ExactSizeIterator<Item = bool>) {
         if let Self::Boolean(b) = self {
-            let n = values.len();
-            values.for_each(|v| b.values.append(v));
-            b.nulls.append_n_non_nulls(n);
+            b.extend(values);
         }
     }
 
@@ -441,8 +441,9 @@ impl ColumnBuilder {
 
     /// The values appended so far, for a builder that goes on to build another batch: it
     /// starts over empty with room for the values it just held and [a little
-    /// more](with_slack), so that a scan's batches after the first grow nothing. (A builder finished once, or replaced after,
-    /// takes [`finish`](Self::finish), which allocates nothing for a next batch.)
+    /// more](with_slack), so that a scan's batches after the first grow nothing. (A builder
+    /// finished once, or replaced after, takes [`finish`](Self::finish), which allocates
+    /// nothing for a next batch.)
     ///
     /// # Errors
     /// When a VARCHAR value is not UTF-8.

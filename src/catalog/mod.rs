@@ -490,17 +490,17 @@ pub fn check_mapping<'a>(
 }
 
 /// Reads a stored mapping record in one pass, its name rows appended to `names` with their
-/// names as stored bytes, and checks it belongs under `key`.
+/// names as stored bytes, and checks it belongs under `key`, which the caller decoded as
+/// `row` (a scan reads the key first, to see where a group of records ends).
 ///
 /// # Errors
 /// As [`check_mapping`].
 pub fn check_mapping_raw<'a>(
-    keyspace: &Keyspace,
+    row: RowKey,
     key: &[u8],
     value: &'a [u8],
     names: &mut Vec<RawName<'a>>,
 ) -> Result<MappingHead<'a>> {
-    let row = keyspace.decode(key)?;
     let head = read_mapping_raw(value, names)?;
     check_key(key, row, Kind::Mapping, head.table_id, head.mapping_id)?;
     Ok(head)

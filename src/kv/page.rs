@@ -168,10 +168,6 @@ impl Page {
     }
 }
 
-/// Bytes per pair a page being filled has room for from the start: an index entry's key and
-/// value take about a third of it.
-const INITIAL_BYTES_PER_PAIR: usize = 128;
-
 /// Fills one page from an ordered iterator of items, each pushed by `push`. Shared by the
 /// backends that scan with an iterator; `push` lets a backend lend its bytes to the page
 /// instead of copying them into owned pairs first.
@@ -180,15 +176,10 @@ pub(crate) fn fill_page<T, E>(
     page: PageSize,
     mut push: impl FnMut(&mut Page, T),
 ) -> Result<Page, E> {
-    // Room for what a page of `page.rows` small pairs holds, at most the page's byte bound;
-    // a page of larger pairs grows into the rest. Room for the whole byte bound would be a
-    // large allocation, and a page fault, for each of the short pages (a few index entries)
-    // that a table-scoped read asks for per id run.
-    let bytes = page
-        .bytes
-        .min(page.rows.saturating_mul(INITIAL_BYTES_PER_PAIR))
-        .min(4 << 20);
-    let mut out = Page::with_capacity(page.rows.min(4096), bytes);
+    // The bytes' room is taken from the first pair, below; room for the whole byte bound
+    // would be a large allocation, and a page fault, for each of the short pages (a few
+    // index entries) that a table-scoped read asks for per id run.
+    let mut out = Page::with_capacity(page.rows.min(4096), 0);
     let mut items = items;
     loop {
         if page.is_full(out.len(), out.bytes()) {

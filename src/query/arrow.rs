@@ -315,7 +315,8 @@ impl RecordBuilder {
                     }
                     Shape::Table(CatalogTable::NameMapping) => {
                         names.clear();
-                        let head = check_mapping_raw(keyspace, key, value, &mut names)?;
+                        let row = keyspace.decode(key)?;
+                        let head = check_mapping_raw(row, key, value, &mut names)?;
                         if keep.id(head.mapping_id) && keep.table(head.table_id) {
                             out.names(&head, &names, false);
                         }
@@ -379,11 +380,11 @@ fn append_load_group(
             break;
         };
         // The key says where the group ends: the record after it is left undecoded.
-        let mapping_id = keyspace.decode(key)?.id;
-        if id.is_some_and(|id| id != mapping_id) {
+        let row = keyspace.decode(key)?;
+        if id.is_some_and(|id| id != row.id) {
             break;
         }
-        let head = check_mapping_raw(keyspace, key, value, &mut names)?;
+        let head = check_mapping_raw(row, key, value, &mut names)?;
         id = Some(head.mapping_id);
         if keep.table(head.table_id) {
             heads.push(head);
