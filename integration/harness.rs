@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
+use moraine::codec::Keyspace;
 use moraine::kv::memory::MemoryBackend;
-use moraine::kv::redb::RedbBackend;
+use moraine::kv::redb::{RedbBackend, RedbOptions};
 use moraine::kv::{
     CommitOutcome, KeyRange, KvBackend, KvError, KvSnapshot, Page, PageSize, StagedWrites, Store,
     StoreLimits,
@@ -109,7 +110,14 @@ impl Backend {
             }
             Backend::Redb => {
                 let dir = tempfile::tempdir().expect("temp dir");
-                let backend = RedbBackend::open(dir.path()).await.expect("open redb");
+                // Tallied as the server tallies it, so whole-table reads divide from the tallies.
+                let options = RedbOptions {
+                    tally: Some(moraine::server::row_tally(&Keyspace::default())),
+                    ..RedbOptions::default()
+                };
+                let backend = RedbBackend::open_with(dir.path(), options)
+                    .await
+                    .expect("open redb");
                 (Arc::new(backend), Some(dir))
             }
         };

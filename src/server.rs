@@ -32,17 +32,34 @@ const MAX_DECODING_MESSAGE: usize = 64 << 20;
 /// Largest message sent: clients accept 16 MiB; batches are encoded far below this.
 const MAX_ENCODING_MESSAGE: usize = 16 << 20;
 
-/// Opens the embedded store in `dir`.
+/// Opens the embedded store in `dir`, tallying the rows of `keyspace` by table
+/// ([`row_tally`]).
 ///
 /// # Errors
 /// [`Error::Kv`] when the store cannot be opened.
 pub async fn open_embedded(
     dir: &std::path::Path,
     options: crate::kv::redb::RedbOptions,
+    keyspace: &Keyspace,
 ) -> Result<Store> {
+    let options = crate::kv::redb::RedbOptions {
+        tally: Some(row_tally(keyspace)),
+        ..options
+    };
     let backend = crate::kv::redb::RedbBackend::open_with(dir, options).await?;
     tracing::info!(path = %backend.path().display(), "opened embedded store");
     Ok(Store::new(Arc::new(backend), StoreLimits::embedded()))
+}
+
+/// What the embedded store tallies for `keyspace`: the key and value bytes of each table's
+/// rows of each kind, so that a whole-table read divides into endpoints by reading one
+/// tally per table instead of walking every row.
+#[must_use]
+pub fn row_tally(keyspace: &Keyspace) -> crate::kv::redb::Tally {
+    crate::kv::redb::Tally {
+        range: keyspace.rows_range(),
+        unit: keyspace.table_head_len(),
+    }
 }
 
 /// A server running on a tokio task.
@@ -455,7 +472,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     let keyspace = Keyspace::new(KeyPrefix::new(&config.key_prefix)?);
     let (store, _gc) = if config.pd.is_empty() {
         (
-            open_embedded(&config.data, config.redb_options()).await?,
+            open_embedded(&config.data, config.redb_options(), &keyspace).await?,
             None,
         )
     } else {
@@ -617,8 +634,9 @@ async fn import_dump(data: &std::path::Path, file: &std::path::Path) -> Result<(
         reason: format!("{}: {err}", file.display()),
     })?;
     let dump = crate::import::ducklake_steps(&text)?;
-    let store = open_embedded(data, crate::kv::redb::RedbOptions::default()).await?;
-    let catalog = Catalog::new(store, Keyspace::default());
+    let keyspace = Keyspace::default();
+    let store = open_embedded(data, crate::kv::redb::RedbOptions::default(), &keyspace).await?;
+    let catalog = Catalog::new(store, keyspace);
     upgrade(&catalog).await?;
     // A fresh store takes the dump's version; a store of another one refuses it, naming both.
     catalog.settle_ducklake(Some(dump.version)).await?;

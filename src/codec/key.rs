@@ -501,6 +501,24 @@ impl Keyspace {
         range_of_prefix(self.kind_head(kind))
     }
 
+    /// Every row of every row kind (the current subspace): one range, whose keys group into
+    /// tables by their first [`table_head_len`](Self::table_head_len) bytes.
+    #[must_use]
+    pub fn rows_range(&self) -> KeyRange {
+        let mut head = self.prefix.as_bytes().to_vec();
+        head.push(Subspace::Current as u8);
+        range_of_prefix(head)
+    }
+
+    /// Length of a row key's table head (prefix, subspace, kind, `table_id`): the row keys
+    /// that share their first this many bytes are one table's rows of one kind, and the
+    /// bounds of [`kind_range`](Self::kind_range) and [`table_span`](Self::table_span) are
+    /// no longer, so such a range is made of whole tables.
+    #[must_use]
+    pub fn table_head_len(&self) -> usize {
+        self.prefix.as_bytes().len() + 1 + 1 + 8
+    }
+
     /// Every row of `kind` in table `table_id`: one contiguous range.
     #[must_use]
     pub fn table_range(&self, kind: Kind, table_id: TableId) -> KeyRange {

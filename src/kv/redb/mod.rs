@@ -21,6 +21,7 @@
 //! On open, the log's records that redb's durable state lacks are applied again.
 
 mod log;
+mod tally;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,8 @@ use super::{
 };
 pub use log::LOG_NAME;
 use log::Log;
+use tally::Changes;
+pub use tally::Tally;
 
 const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("moraine_kv");
 /// The store's own bookkeeping, apart from the data.
@@ -62,7 +65,7 @@ const MAX_GROUP_BYTES: usize = 64 << 20;
 const CHECKPOINT_LOG_BYTES: u64 = 64 << 20;
 
 /// Settings of the embedded store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedbOptions {
     /// Memory redb may use to cache pages and buffer writes. The default, 32 MiB, is as fast
     /// as 64 MiB on the comparison harness's reads and commits (medium scale) and holds
@@ -73,6 +76,9 @@ pub struct RedbOptions {
     /// the commit log grows for, and so about the longest a replay after a crash takes to
     /// read back.
     pub checkpoint_every: Duration,
+    /// What the store tallies by unit ([`Tally`]), so that a whole-table read divides
+    /// into endpoints without walking every pair; `None` tallies nothing.
+    pub tally: Option<Tally>,
 }
 
 impl Default for RedbOptions {
@@ -80,6 +86,7 @@ impl Default for RedbOptions {
         Self {
             cache_bytes: 32 << 20,
             checkpoint_every: Duration::from_secs(1),
+            tally: None,
         }
     }
 }
@@ -117,7 +124,7 @@ impl RedbBackend {
                 .set_cache_size(options.cache_bytes)
                 .create(&path)
                 .map_err(|err| unavailable(&path, &err))?;
-            let (mut log, applied, replayed) = recover(&db, &dir)?;
+            let (mut log, applied, replayed) = recover(&db, &dir, options.tally.as_ref())?;
             if replayed > 0 {
                 tracing::info!(
                     records = replayed,
@@ -150,14 +157,20 @@ impl RedbBackend {
 }
 
 /// Creates the tables if missing, opens the commit log in `dir` and applies, durably, the
-/// log's records that the file's durable state lacks. Returns the log, the sequence number of
-/// the last commit group the file holds, and how many records were applied.
-fn recover(db: &Database, dir: &Path) -> Result<(Log, u64, usize), KvError> {
+/// log's records that the file's durable state lacks; tallies the file afresh when it
+/// records another rule than `tally`. Returns the log, the sequence number of the last
+/// commit group the file holds, and how many records were applied.
+fn recover(db: &Database, dir: &Path, tally: Option<&Tally>) -> Result<(Log, u64, usize), KvError> {
     let mut txn = db.begin_write().map_err(failed)?;
     txn.set_durability(Durability::Immediate).map_err(failed)?;
     let (log, applied, replayed) = {
         let mut data = txn.open_table(DATA).map_err(failed)?;
         let mut meta = txn.open_table(META).map_err(failed)?;
+        let mut rule = txn.open_table(tally::RULE).map_err(failed)?;
+        let mut tallies = txn.open_table(tally::TALLIES).map_err(failed)?;
+        let recorded = Tally::recorded(&rule).map_err(failed)?;
+        let same = recorded.as_ref() == tally;
+        let mut changes = Changes::new(recorded.filter(|_| same));
         let durable = meta
             .get(APPLIED)
             .map_err(failed)?
@@ -169,11 +182,7 @@ fn recover(db: &Database, dir: &Path) -> Result<(Log, u64, usize), KvError> {
                 return Ok(());
             }
             for &(key, value) in &record.writes {
-                match value {
-                    Some(value) => data.insert(key, value).map(drop),
-                    None => data.remove(key).map(drop),
-                }
-                .map_err(std::io::Error::other)?;
+                put(&mut data, &mut changes, key, value).map_err(std::io::Error::other)?;
             }
             applied = record.seq;
             replayed += 1;
@@ -181,11 +190,36 @@ fn recover(db: &Database, dir: &Path) -> Result<(Log, u64, usize), KvError> {
         })
         .map_err(|err| unavailable(&dir.join(LOG_NAME), &err))?;
         meta.insert(APPLIED, applied).map_err(failed)?;
+        changes.apply(&mut tallies).map_err(failed)?;
+        if !same {
+            Tally::retally(tally, &mut rule, &mut tallies, &data).map_err(failed)?;
+            tracing::info!(
+                tallied = tally.is_some(),
+                "tallied the store's volume afresh"
+            );
+        }
         (log, applied, replayed)
     };
     txn.commit().map_err(failed)?;
     settle(db).map_err(failed)?;
     Ok((log, applied, replayed))
+}
+
+/// Writes `value` at `key` in `data` (deletes it for `None`), recording the change of
+/// volume in `changes`.
+fn put(
+    data: &mut redb::Table<&'static [u8], &'static [u8]>,
+    changes: &mut Changes,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), redb::StorageError> {
+    let before = match value {
+        Some(value) => data.insert(key, value)?,
+        None => data.remove(key)?,
+    }
+    .map(|old| old.value().len());
+    changes.record(key, before, value.map(<[u8]>::len));
+    Ok(())
 }
 
 /// Commits nothing, durably: after a durable commit, what that commit's epilogue left in
@@ -226,6 +260,7 @@ impl KvBackend for RedbBackend {
         let table = txn.open_table(DATA).map_err(failed)?;
         let file: Arc<dyn KvSnapshot> = Arc::new(RedbSnapshot {
             table: Arc::new(table),
+            txn: Arc::new(txn),
         });
         let inner = unapplied.into_iter().fold(file, |base, writes| {
             Arc::new(OverlaySnapshot { base, writes }) as Arc<dyn KvSnapshot>
@@ -911,18 +946,14 @@ impl Drop for ApplierThread {
 fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     {
+        let mut changes = Changes::new(Tally::recorded(&txn.open_table(tally::RULE)?)?);
         let mut table = txn.open_table(DATA)?;
         for (key, staged) in writes.iter().flat_map(|writes| writes.iter()) {
-            match &staged.write {
-                Some(Some(value)) => {
-                    table.insert(key.as_ref(), value.as_ref())?;
-                }
-                Some(None) => {
-                    table.remove(key.as_ref())?;
-                }
-                None => {}
+            if let Some(value) = &staged.write {
+                put(&mut table, &mut changes, key.as_ref(), value.as_deref())?;
             }
         }
+        changes.apply(&mut txn.open_table(tally::TALLIES)?)?;
         txn.open_table(META)?.insert(APPLIED, seq)?;
     }
     txn.set_durability(Durability::None)?;
@@ -943,6 +974,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 struct RedbSnapshot {
     table: Arc<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+    /// The read transaction `table` was opened in, for the tallies at the same state.
+    txn: Arc<redb::ReadTransaction>,
 }
 
 /// A snapshot of the store (the file and the writes not yet in it) and the version it reads
@@ -1044,10 +1077,21 @@ impl KvSnapshot for RedbSnapshot {
         .await
     }
 
+    /// From the tallies where they cover `range` (one read per unit), else by a walk.
     async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
         let table = Arc::clone(&self.table);
+        let txn = Arc::clone(&self.txn);
         let range = range.clone();
-        blocking(move || divide_of(&table, &range, division)).await
+        blocking(move || {
+            let rule =
+                Tally::recorded(&txn.open_table(tally::RULE).map_err(failed)?).map_err(failed)?;
+            if rule.is_some_and(|rule| rule.covers(&range)) {
+                let tallies = txn.open_table(tally::TALLIES).map_err(failed)?;
+                return tally::divide(&tallies, &range, division).map_err(failed);
+            }
+            divide_of(&table, &range, division)
+        })
+        .await
     }
 }
 

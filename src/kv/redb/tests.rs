@@ -33,7 +33,7 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
 fn a_group_ends_as_its_commits_would_one_after_another() {
     let dir = tempfile::tempdir().expect("dir");
     let db = Arc::new(Database::create(dir.path().join(FILE_NAME)).expect("db"));
-    let (log, _, _) = recover(&db, dir.path()).expect("tables and log");
+    let (log, _, _) = recover(&db, dir.path(), None).expect("tables and log");
     let mut writer = Writer::start(
         Arc::clone(&db),
         log,
@@ -385,4 +385,243 @@ async fn commits_are_acknowledged_while_the_file_waits_for_their_apply() {
     drop(backend);
     let backend = RedbBackend::open(dir.path()).await.expect("reopen");
     assert_eq!(contents(&backend.db), pairs(&[("d", "4"), ("k", "1")]));
+}
+
+/// Tallies of the pairs under `b"r"` by their first two bytes, as the tests' stores keep them.
+fn test_tally(unit: usize) -> Tally {
+    Tally {
+        range: KeyRange::new(b"r".to_vec(), b"s".to_vec()),
+        unit,
+    }
+}
+
+async fn open_tallied(dir: &Path, tally: Option<Tally>) -> RedbBackend {
+    let options = RedbOptions {
+        tally,
+        ..RedbOptions::default()
+    };
+    RedbBackend::open_with(dir, options).await.expect("open")
+}
+
+/// The tallies the file holds, by unit.
+fn tallies(db: &Database) -> Vec<(Vec<u8>, u64)> {
+    let txn = db.begin_read().expect("read");
+    let table = txn.open_table(tally::TALLIES).expect("tallies");
+    table
+        .iter()
+        .expect("iter")
+        .map(|item| {
+            let (unit, bytes) = item.expect("item");
+            (unit.value().to_vec(), bytes.value())
+        })
+        .collect()
+}
+
+/// What the tallies must be: the file walked, its pairs in `rule`'s range summed by unit.
+fn walked(db: &Database, rule: &Tally) -> Vec<(Vec<u8>, u64)> {
+    let mut sums: Vec<(Vec<u8>, u64)> = Vec::new();
+    for (key, value) in contents(db) {
+        if !rule.range.contains(&key) {
+            continue;
+        }
+        let unit = key[..key.len().min(rule.unit)].to_vec();
+        let bytes = (key.len() + value.len()) as u64;
+        match sums.last_mut() {
+            Some((last, sum)) if *last == unit => *sum += bytes,
+            _ => sums.push((unit, bytes)),
+        }
+    }
+    sums
+}
+
+async fn commit_all(backend: &RedbBackend, commits: Vec<Arc<StagedWrites>>) {
+    for writes in commits {
+        assert_eq!(
+            backend.commit(writes).await.expect("commit"),
+            CommitOutcome::Committed
+        );
+    }
+}
+
+/// The tallies follow every kind of write (insert, overwrite with a longer or shorter value,
+/// delete, a unit emptied), through the applier and through a replay of the log; pairs
+/// outside the tallied range are not tallied.
+#[tokio::test]
+async fn tallies_follow_every_write_applied_or_replayed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let rule = test_tally(2);
+    {
+        let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+        commit_all(
+            &backend,
+            vec![
+                staged(|w| {
+                    w.put(&b"ra1"[..], &b"x"[..])
+                        .put(&b"ra2"[..], &b"yyyy"[..])
+                        .put(&b"rb1"[..], &b"z"[..])
+                        .put(&b"rc"[..], &b"c"[..])
+                        .put(&b"a"[..], &b"outside"[..])
+                        .put(&b"s1"[..], &b"outside"[..]);
+                }),
+                staged(|w| {
+                    w.put(&b"ra1"[..], &b"longer value"[..])
+                        .put(&b"ra2"[..], &b""[..])
+                        .delete(&b"rb1"[..])
+                        .put(&b"rd9"[..], &b"dd"[..]);
+                }),
+            ],
+        )
+        .await;
+        // Dropping the backend applies and checkpoints.
+    }
+    {
+        let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+        let expected = pairs(&[
+            ("ra1", "longer value"),
+            ("ra2", ""),
+            ("rc", "c"),
+            ("rd9", "dd"),
+        ]);
+        let in_range: Vec<_> = contents(&backend.db)
+            .into_iter()
+            .filter(|(key, _)| rule.range.contains(key))
+            .collect();
+        assert_eq!(in_range, expected);
+        assert_eq!(
+            tallies(&backend.db),
+            vec![
+                (b"ra".to_vec(), 3 + 12 + 3),
+                (b"rc".to_vec(), 2 + 1),
+                (b"rd".to_vec(), 3 + 2),
+            ]
+        );
+    }
+    {
+        // What a crash leaves: a group logged and not checkpointed, replayed on open.
+        let (mut log, _) = log::tests::read(dir.path());
+        let lost = staged(|w| {
+            w.delete(&b"ra1"[..])
+                .put(&b"rb2"[..], &b"back"[..])
+                .delete(&b"rc"[..]);
+        });
+        log.append(3, &std::iter::once(lost.as_ref()))
+            .expect("append");
+    }
+    let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+    assert_eq!(tallies(&backend.db), walked(&backend.db, &rule));
+    assert_eq!(
+        tallies(&backend.db),
+        vec![
+            (b"ra".to_vec(), 3),
+            (b"rb".to_vec(), 3 + 4),
+            (b"rd".to_vec(), 3 + 2),
+        ]
+    );
+}
+
+/// A store opened with another rule than it records, or with none, or written before it
+/// tallied anything, is tallied afresh; one opened without a rule forgets its tallies, so
+/// that a later open with a rule does not trust tallies it did not keep.
+#[tokio::test]
+async fn a_store_opened_under_another_rule_is_tallied_afresh() {
+    let dir = tempfile::tempdir().expect("dir");
+    let writes = || {
+        vec![staged(|w| {
+            w.put(&b"ra1"[..], &b"1"[..])
+                .put(&b"rb1"[..], &b"22"[..])
+                .put(&b"rb2"[..], &b"333"[..]);
+        })]
+    };
+    {
+        let backend = open_tallied(dir.path(), None).await;
+        commit_all(&backend, writes()).await;
+    }
+    let coarse = test_tally(1);
+    {
+        let backend = open_tallied(dir.path(), Some(test_tally(2))).await;
+        assert_eq!(tallies(&backend.db), walked(&backend.db, &test_tally(2)));
+        assert_eq!(tallies(&backend.db).len(), 2);
+    }
+    {
+        let backend = open_tallied(dir.path(), Some(coarse.clone())).await;
+        assert_eq!(
+            tallies(&backend.db),
+            vec![(b"r".to_vec(), 3 + 1 + 3 + 2 + 3 + 3)]
+        );
+    }
+    {
+        let backend = open_tallied(dir.path(), None).await;
+        assert!(tallies(&backend.db).is_empty());
+        // Written while nothing is tallied.
+        commit_all(
+            &backend,
+            vec![staged(|w| {
+                w.delete(&b"rb2"[..]).put(&b"rc1"[..], &b"4"[..]);
+            })],
+        )
+        .await;
+    }
+    let backend = open_tallied(dir.path(), Some(coarse.clone())).await;
+    assert_eq!(tallies(&backend.db), walked(&backend.db, &coarse));
+}
+
+/// A range made of whole units divides from the tallies, at units' first keys, into the
+/// volumes a walk measures; a range that splits a unit is walked.
+#[tokio::test]
+async fn a_range_of_whole_units_divides_from_its_tallies() {
+    let dir = tempfile::tempdir().expect("dir");
+    let rule = test_tally(2);
+    let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+    let value = vec![b'v'; 97];
+    commit_all(
+        &backend,
+        vec![staged(|w| {
+            for unit in [b"ra", b"rb", b"rc", b"rd"] {
+                for i in 0..10u8 {
+                    let mut key = unit.to_vec();
+                    key.push(i);
+                    w.put(key, value.clone());
+                }
+            }
+        })],
+    )
+    .await;
+    drop(backend);
+    let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+    let snapshot = backend.snapshot().await.expect("snapshot");
+    let division = Division {
+        span_bytes: 1000,
+        max_spans: 4,
+    };
+    // Each unit holds 10 pairs of 3 + 97 bytes.
+    let whole = KeyRange::new(b"r".to_vec(), b"s".to_vec());
+    let divided = snapshot.divide(&whole, division).await.expect("divide");
+    assert_eq!(
+        divided,
+        Divided {
+            cuts: vec![b"rb".to_vec(), b"rc".to_vec(), b"rd".to_vec()],
+            volumes: Some(vec![1000; 4]),
+        }
+    );
+    // Within one unit the tallies cannot say where to cut: the range is walked, and its
+    // 500 bytes cut into two spans inside the unit.
+    let within = KeyRange::new(b"rb".to_vec(), b"rb\x05".to_vec());
+    assert!(!rule.covers(&within));
+    let divided = snapshot
+        .divide(
+            &within,
+            Division {
+                span_bytes: 200,
+                max_spans: 4,
+            },
+        )
+        .await
+        .expect("divide");
+    assert_eq!(
+        divided,
+        Divided {
+            cuts: vec![b"rb\x02".to_vec()],
+            volumes: Some(vec![200, 300]),
+        }
+    );
 }
