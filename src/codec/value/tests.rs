@@ -436,3 +436,30 @@ proptest! {
         let _ = decode_data_file(&value);
     }
 }
+
+/// Varints are protobuf's: seven bits a byte, low groups first, the high bit set on every
+/// byte but the last; as long as `varint_len` says, and read back as written.
+#[test]
+fn varints_are_written_as_protobuf_writes_them() {
+    let cases: [(u64, &[u8]); 6] = [
+        (0, &[0x00]),
+        (0x7f, &[0x7f]),
+        (0x80, &[0x80, 0x01]),
+        (300, &[0xac, 0x02]),
+        (
+            1 << 56,
+            &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01],
+        ),
+        (
+            u64::MAX,
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+        ),
+    ];
+    for (value, expected) in cases {
+        let mut out = vec![0xee];
+        put_varint(&mut out, value);
+        assert_eq!(&out[1..], expected, "{value:#x}");
+        assert_eq!(varint_len(value), expected.len(), "{value:#x}");
+        assert_eq!(varint_at(&out[1..]), Some((value, &[][..])), "{value:#x}");
+    }
+}

@@ -23,6 +23,7 @@
 mod log;
 mod tally;
 
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -948,9 +949,19 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
     {
         let mut changes = Changes::new(Tally::recorded(&txn.open_table(tally::RULE)?)?);
         let mut table = txn.open_table(DATA)?;
-        for (key, staged) in writes.iter().flat_map(|writes| writes.iter()) {
-            if let Some(value) = &staged.write {
-                put(&mut table, &mut changes, key.as_ref(), value.as_deref())?;
+        for writes in writes {
+            let pairs = writes.iter().filter_map(|(key, staged)| {
+                staged
+                    .write
+                    .as_ref()
+                    .map(|value| (key.as_ref(), value.as_deref()))
+            });
+            if writes.len() >= CURSOR_APPLY_PAIRS {
+                put_in_order(&mut table, &mut changes, pairs)?;
+            } else {
+                for (key, value) in pairs {
+                    put(&mut table, &mut changes, key, value)?;
+                }
             }
         }
         changes.apply(&mut txn.open_table(tally::TALLIES)?)?;
@@ -958,6 +969,50 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
     }
     txn.set_durability(Durability::None)?;
     txn.commit()?;
+    Ok(())
+}
+
+/// Commits with at least this many writes are applied through a cursor
+/// ([`put_in_order`]); smaller ones one key at a time, which costs less than opening a cursor
+/// for a few keys.
+const CURSOR_APPLY_PAIRS: usize = 256;
+
+/// Writes `pairs`, in strictly ascending key order, through one cursor over `data`: a run of
+/// new keys that fall into one gap of the table (a new table's rows, the rows added at the end
+/// of a table, the new ids at the end of an index) is buffered by redb and spliced in as
+/// full leaves, one update of the parent pages per megabyte, where [`put`] descends the tree
+/// for every key and splits leaves as it goes. A key the table holds is replaced (or removed)
+/// at the cursor; a key past the entry after the gap moves the cursor there by a new seek.
+fn put_in_order<'a>(
+    data: &mut redb::Table<&'static [u8], &'static [u8]>,
+    changes: &mut Changes,
+    pairs: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+) -> Result<(), redb::Error> {
+    let mut pairs = pairs.peekable();
+    while let Some(&(first, _)) = pairs.peek() {
+        let mut at = data.lower_bound_mut(Bound::Included(first))?;
+        while let Some(&(key, value)) = pairs.peek() {
+            // The gap must lie right before `key`: the entry after it (if any) at or past it.
+            let next = at
+                .peek_next()?
+                .map(|(next, old)| (next.value().cmp(key), old.value().len()));
+            let held = match next {
+                // Behind `key`: seek again, from `key`.
+                Some((std::cmp::Ordering::Less, _)) => break,
+                Some((std::cmp::Ordering::Equal, old)) => Some(old),
+                Some((std::cmp::Ordering::Greater, _)) | None => None,
+            };
+            pairs.next();
+            if held.is_some() {
+                at.remove_next()?;
+            }
+            if let Some(value) = value {
+                at.insert_before(key, value)?;
+            }
+            changes.record(key, held, value.map(<[u8]>::len));
+        }
+        at.close()?;
+    }
     Ok(())
 }
 

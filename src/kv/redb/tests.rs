@@ -625,3 +625,152 @@ async fn a_range_of_whole_units_divides_from_its_tallies() {
         }
     );
 }
+
+/// Pairs of a file, and units with their bytes.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+type Units = Vec<(Vec<u8>, u64)>;
+
+/// The file's pairs, its tallies and its tallies as a walk finds them, after `stored` is
+/// written one key at a time and then `writes` (ascending keys) through [`put_in_order`], in
+/// one transaction each.
+fn after_ordered_writes(
+    stored: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    writes: &std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+) -> (Pairs, Units, Units) {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = Database::create(dir.path().join(FILE_NAME)).expect("db");
+    let rule = test_tally(2);
+    recover(&db, dir.path(), Some(&rule)).expect("tables and log");
+    for (ordered, pairs) in [
+        (
+            false,
+            stored
+                .iter()
+                .map(|(key, value)| (key.as_slice(), Some(value.as_slice())))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            true,
+            writes
+                .iter()
+                .map(|(key, value)| (key.as_slice(), value.as_deref()))
+                .collect(),
+        ),
+    ] {
+        let txn = db.begin_write().expect("write");
+        {
+            let mut changes = Changes::new(Some(rule.clone()));
+            let mut table = txn.open_table(DATA).expect("table");
+            if ordered {
+                put_in_order(&mut table, &mut changes, pairs.into_iter()).expect("ordered");
+            } else {
+                for (key, value) in pairs {
+                    put(&mut table, &mut changes, key, value).expect("put");
+                }
+            }
+            changes
+                .apply(&mut txn.open_table(tally::TALLIES).expect("tallies"))
+                .expect("tallied");
+        }
+        txn.commit().expect("commit");
+    }
+    (contents(&db), tallies(&db), walked(&db, &rule))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Writes applied through a cursor (new keys in runs before, between and after stored
+    /// ones, replacements longer and shorter, deletes of stored and of absent keys) leave the
+    /// file as the same writes applied one key at a time would, and the tallies as a walk
+    /// finds them.
+    #[test]
+    fn ordered_writes_end_as_single_writes_would(
+        stored in proptest::collection::btree_map(
+            proptest::collection::vec(b'q'..=b's', 1..4),
+            proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            0..120,
+        ),
+        writes in proptest::collection::btree_map(
+            proptest::collection::vec(b'q'..=b's', 1..4),
+            proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)),
+            0..120,
+        ),
+    ) {
+        let mut expected = stored.clone();
+        for (key, value) in &writes {
+            match value {
+                Some(value) => expected.insert(key.clone(), value.clone()),
+                None => expected.remove(key),
+            };
+        }
+        let (pairs, tallied, walked) = after_ordered_writes(&stored, &writes);
+        proptest::prop_assert_eq!(pairs, expected.into_iter().collect::<Vec<_>>());
+        proptest::prop_assert_eq!(tallied, walked);
+    }
+}
+
+/// A commit as large as bulk loads make goes to the file through the cursor, and its
+/// writes are all there after a reopen.
+#[tokio::test]
+async fn a_large_commit_is_applied_in_order() {
+    let dir = tempfile::tempdir().expect("dir");
+    let rule = test_tally(2);
+    let key = |unit: u8, i: u16| {
+        let mut key = vec![b'r', unit];
+        key.extend_from_slice(&i.to_be_bytes());
+        key
+    };
+    {
+        let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+        let first = staged(|w| {
+            for unit in [b'a', b'c'] {
+                for i in (0..600).step_by(3) {
+                    w.put(key(unit, i), vec![b'x'; usize::from(i % 7)]);
+                }
+            }
+        });
+        let second = staged(|w| {
+            for unit in [b'a', b'b', b'c'] {
+                for i in 0..600 {
+                    match i % 4 {
+                        0 => {
+                            w.put(key(unit, i), vec![b'y'; usize::from(i % 11)]);
+                        }
+                        1 => {
+                            w.delete(key(unit, i));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        });
+        assert!(second.len() >= CURSOR_APPLY_PAIRS);
+        commit_all(&backend, vec![first, second]).await;
+    }
+    let backend = open_tallied(dir.path(), Some(rule.clone())).await;
+    let mut expected = std::collections::BTreeMap::new();
+    for unit in [b'a', b'c'] {
+        for i in (0..600).step_by(3) {
+            expected.insert(key(unit, i), vec![b'x'; usize::from(i % 7)]);
+        }
+    }
+    for unit in [b'a', b'b', b'c'] {
+        for i in 0..600 {
+            match i % 4 {
+                0 => {
+                    expected.insert(key(unit, i), vec![b'y'; usize::from(i % 11)]);
+                }
+                1 => {
+                    expected.remove(&key(unit, i));
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(
+        contents(&backend.db),
+        expected.into_iter().collect::<Vec<_>>()
+    );
+    assert_eq!(tallies(&backend.db), walked(&backend.db, &rule));
+}
