@@ -1,7 +1,8 @@
 //! The embedded backend: one redb file, and a commit log beside it.
 //!
 //! All data lives in one `&[u8] -> &[u8]` table, ordered by raw key bytes, which is the
-//! memcomparable order the keyspace is built for. redb is blocking: a read that reaches more
+//! memcomparable order the keyspace is built for; beside it, the volume tallies (`tally.rs`)
+//! that let a range of whole tables divide without a walk. redb is blocking: a read that reaches more
 //! than a few hundred pairs runs on tokio's blocking pool, never on the async runtime's
 //! workers; a smaller one (a point read, a short page) runs in place, since it takes less
 //! time than the hand-off would.
@@ -12,7 +13,8 @@
 //! requirement fails is a conflict and writes nothing, the others land together. The group is
 //! then appended to the commit log (`log.rs`) and synced, and only then acknowledged: a commit
 //! is durable when it is acknowledged. A second thread, the applier, then puts the group's
-//! writes in redb while the writer goes on with the next group: until they are in the file,
+//! writes in redb (a large commit through one cursor, in key order) while the writer goes on
+//! with the next group: until they are in the file,
 //! snapshots and the checks of later commits read the file through them, so an acknowledged
 //! commit is visible at once, and a small commit never waits for a large transaction's
 //! B-tree work. redb's own commits are not synced, except at checkpoints (every second of
