@@ -721,53 +721,46 @@ async fn a_large_commit_is_applied_in_order() {
         key.extend_from_slice(&i.to_be_bytes());
         key
     };
+    // Every third key of two units stored; then, over three units, every fourth key written
+    // and the one after it deleted (stored or not).
+    let first: Vec<(Vec<u8>, Option<Vec<u8>>)> = [b'a', b'c']
+        .into_iter()
+        .flat_map(|unit| (0..600).step_by(3).map(move |i| (unit, i)))
+        .map(|(unit, i)| (key(unit, i), Some(vec![b'x'; usize::from(i % 7)])))
+        .collect();
+    let second: Vec<(Vec<u8>, Option<Vec<u8>>)> = [b'a', b'b', b'c']
+        .into_iter()
+        .flat_map(|unit| (0..600).map(move |i| (unit, i)))
+        .filter_map(|(unit, i)| match i % 4 {
+            0 => Some((key(unit, i), Some(vec![b'y'; usize::from(i % 11)]))),
+            1 => Some((key(unit, i), None)),
+            _ => None,
+        })
+        .collect();
+    let staged_of = |writes: &[(Vec<u8>, Option<Vec<u8>>)]| {
+        staged(|w| {
+            for (key, value) in writes {
+                match value {
+                    Some(value) => w.put(key.clone(), value.clone()),
+                    None => w.delete(key.clone()),
+                };
+            }
+        })
+    };
+    let mut expected = std::collections::BTreeMap::new();
+    for (key, value) in first.iter().chain(&second) {
+        match value {
+            Some(value) => expected.insert(key.clone(), value.clone()),
+            None => expected.remove(key),
+        };
+    }
     {
         let backend = open_tallied(dir.path(), Some(rule.clone())).await;
-        let first = staged(|w| {
-            for unit in [b'a', b'c'] {
-                for i in (0..600).step_by(3) {
-                    w.put(key(unit, i), vec![b'x'; usize::from(i % 7)]);
-                }
-            }
-        });
-        let second = staged(|w| {
-            for unit in [b'a', b'b', b'c'] {
-                for i in 0..600 {
-                    match i % 4 {
-                        0 => {
-                            w.put(key(unit, i), vec![b'y'; usize::from(i % 11)]);
-                        }
-                        1 => {
-                            w.delete(key(unit, i));
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        });
+        let (first, second) = (staged_of(&first), staged_of(&second));
         assert!(second.len() >= CURSOR_APPLY_PAIRS);
         commit_all(&backend, vec![first, second]).await;
     }
     let backend = open_tallied(dir.path(), Some(rule.clone())).await;
-    let mut expected = std::collections::BTreeMap::new();
-    for unit in [b'a', b'c'] {
-        for i in (0..600).step_by(3) {
-            expected.insert(key(unit, i), vec![b'x'; usize::from(i % 7)]);
-        }
-    }
-    for unit in [b'a', b'b', b'c'] {
-        for i in 0..600 {
-            match i % 4 {
-                0 => {
-                    expected.insert(key(unit, i), vec![b'y'; usize::from(i % 11)]);
-                }
-                1 => {
-                    expected.remove(&key(unit, i));
-                }
-                _ => {}
-            }
-        }
-    }
     assert_eq!(
         contents(&backend.db),
         expected.into_iter().collect::<Vec<_>>()
