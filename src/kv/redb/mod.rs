@@ -2,10 +2,10 @@
 //!
 //! All data lives in one `&[u8] -> &[u8]` table, ordered by raw key bytes, which is the
 //! memcomparable order the keyspace is built for; beside it, the volume tallies (`tally.rs`)
-//! that let a range of whole tables divide without a walk. redb is blocking: a read that reaches more
-//! than a few hundred pairs runs on tokio's blocking pool, never on the async runtime's
-//! workers; a smaller one (a point read, a short page) runs in place, since it takes less
-//! time than the hand-off would.
+//! that let a range of whole tables divide without a walk. redb is blocking: a read that
+//! reaches more than a few hundred pairs runs on tokio's blocking pool, never on the async
+//! runtime's workers; a smaller one (a point read, a short page) runs in place, since it
+//! takes less time than the hand-off would.
 //!
 //! Commits go through one writer thread, which groups the commits waiting for it (group
 //! commit). Each commit of a group is checked against the state the commits before it leave,
@@ -13,11 +13,10 @@
 //! requirement fails is a conflict and writes nothing, the others land together. The group is
 //! then appended to the commit log (`log.rs`) and synced, and only then acknowledged: a commit
 //! is durable when it is acknowledged. A second thread, the applier, then puts the group's
-//! writes in redb (a large commit through one cursor, in key order) while the writer goes on
-//! with the next group: until they are in the file,
-//! snapshots and the checks of later commits read the file through them, so an acknowledged
-//! commit is visible at once, and a small commit never waits for a large transaction's
-//! B-tree work. redb's own commits are not synced, except at checkpoints (every second of
+//! writes in redb (a large commit's runs of new keys through a cursor, in key order) while
+//! the writer goes on with the next group: until they are in the file, snapshots and the
+//! checks of later commits read the file through them, so an acknowledged commit is visible
+//! at once, and a small commit never waits for a large transaction's B-tree work. redb's own commits are not synced, except at checkpoints (every second of
 //! writing, or when the log has grown large, and at shutdown), after which the log starts
 //! over; a checkpoint that would wait for a large apply is put off until the apply is done.
 //! On open, the log's records that redb's durable state lacks are applied again.
@@ -979,41 +978,57 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
 /// for a few keys.
 const CURSOR_APPLY_PAIRS: usize = 256;
 
-/// Writes `pairs`, in strictly ascending key order, through one cursor over `data`: a run of
-/// new keys that fall into one gap of the table (a new table's rows, the rows added at the end
-/// of a table, the new ids at the end of an index) is buffered by redb and spliced in as
-/// full leaves, one update of the parent pages per megabyte, where [`put`] descends the tree
-/// for every key and splits leaves as it goes. A key the table holds is replaced (or removed)
-/// at the cursor; a key past the entry after the gap moves the cursor there by a new seek.
+/// New keys a cursor must take into one gap for the cursor to be worth its seek and splice;
+/// after a shorter run, or at a key the table holds, the next [`SINGLE_PAIRS`] keys are
+/// written one at a time.
+const MIN_RUN: usize = 4;
+const SINGLE_PAIRS: usize = 64;
+
+/// Writes `pairs`, in strictly ascending key order. A run of new keys that fall into one gap
+/// of the table (a new table's rows, the rows added at the end of a table, the new ids at the
+/// end of an index) goes in through a cursor, which redb buffers and splices in as full
+/// leaves, one update of the parent pages per megabyte, where [`put`] descends the tree for
+/// every key and splits leaves as it goes. Keys the table holds (replaced or removed) and
+/// new keys scattered one to a gap go one at a time: through a cursor each would cost a
+/// splice, and replacing a run of stored keys that way leaves half-empty leaves behind.
 fn put_in_order<'a>(
     data: &mut redb::Table<&'static [u8], &'static [u8]>,
     changes: &mut Changes,
     pairs: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
 ) -> Result<(), redb::Error> {
     let mut pairs = pairs.peekable();
-    while let Some(&(first, _)) = pairs.peek() {
-        let mut at = data.lower_bound_mut(Bound::Included(first))?;
-        while let Some(&(key, value)) = pairs.peek() {
-            // The gap must lie right before `key`: the entry after it (if any) at or past it.
-            let next = at
-                .peek_next()?
-                .map(|(next, old)| (next.value().cmp(key), old.value().len()));
-            let held = match next {
-                // Behind `key`: seek again, from `key`.
-                Some((std::cmp::Ordering::Less, _)) => break,
-                Some((std::cmp::Ordering::Equal, old)) => Some(old),
-                Some((std::cmp::Ordering::Greater, _)) | None => None,
-            };
+    let mut single = 0;
+    while let Some(&(first, value)) = pairs.peek() {
+        if single > 0 {
             pairs.next();
-            if held.is_some() {
-                at.remove_next()?;
+            put(data, changes, first, value)?;
+            single -= 1;
+            continue;
+        }
+        let mut at = data.lower_bound_mut(Bound::Included(first))?;
+        let (mut run, mut stored) = (0, false);
+        while let Some(&(key, value)) = pairs.peek() {
+            // The gap must lie right before `key`, and `key` must be new.
+            match at.peek_next()?.map(|(next, _)| next.value().cmp(key)) {
+                Some(std::cmp::Ordering::Less) => break,
+                Some(std::cmp::Ordering::Equal) => {
+                    stored = true;
+                    break;
+                }
+                Some(std::cmp::Ordering::Greater) | None => {}
             }
+            pairs.next();
+            // A delete of a key the table lacks changes nothing.
             if let Some(value) = value {
                 at.insert_before(key, value)?;
+                changes.record(key, None, Some(value.len()));
+                run += 1;
             }
-            changes.record(key, held, value.map(<[u8]>::len));
         }
         at.close()?;
+        if stored || run < MIN_RUN {
+            single = SINGLE_PAIRS;
+        }
     }
     Ok(())
 }

@@ -687,14 +687,14 @@ proptest::proptest! {
     #[test]
     fn ordered_writes_end_as_single_writes_would(
         stored in proptest::collection::btree_map(
-            proptest::collection::vec(b'q'..=b's', 1..4),
+            proptest::collection::vec(b'q'..=b's', 1..6),
             proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
-            0..120,
+            0..200,
         ),
         writes in proptest::collection::btree_map(
-            proptest::collection::vec(b'q'..=b's', 1..4),
+            proptest::collection::vec(b'q'..=b's', 1..6),
             proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)),
-            0..120,
+            0..300,
         ),
     ) {
         let mut expected = stored.clone();
