@@ -626,6 +626,20 @@ async fn a_range_of_whole_units_divides_from_its_tallies() {
     );
 }
 
+/// `stored` with `writes` applied in turn (`None` deletes): what a file must hold after them.
+fn written<'a>(
+    mut stored: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    writes: impl IntoIterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    for (key, value) in writes {
+        match value {
+            Some(value) => stored.insert(key.clone(), value.clone()),
+            None => stored.remove(key),
+        };
+    }
+    stored.into_iter().collect()
+}
+
 /// Pairs of a file, and units with their bytes.
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 type Units = Vec<(Vec<u8>, u64)>;
@@ -697,15 +711,9 @@ proptest::proptest! {
             0..300,
         ),
     ) {
-        let mut expected = stored.clone();
-        for (key, value) in &writes {
-            match value {
-                Some(value) => expected.insert(key.clone(), value.clone()),
-                None => expected.remove(key),
-            };
-        }
+        let expected = written(stored.clone(), &writes);
         let (pairs, tallied, walked) = after_ordered_writes(&stored, &writes);
-        proptest::prop_assert_eq!(pairs, expected.into_iter().collect::<Vec<_>>());
+        proptest::prop_assert_eq!(pairs, expected);
         proptest::prop_assert_eq!(tallied, walked);
     }
 }
@@ -747,13 +755,10 @@ async fn a_large_commit_is_applied_in_order() {
             }
         })
     };
-    let mut expected = std::collections::BTreeMap::new();
-    for (key, value) in first.iter().chain(&second) {
-        match value {
-            Some(value) => expected.insert(key.clone(), value.clone()),
-            None => expected.remove(key),
-        };
-    }
+    let expected = written(
+        std::collections::BTreeMap::new(),
+        first.iter().chain(&second).map(|(key, value)| (key, value)),
+    );
     {
         let backend = open_tallied(dir.path(), Some(rule.clone())).await;
         let (first, second) = (staged_of(&first), staged_of(&second));
@@ -761,9 +766,6 @@ async fn a_large_commit_is_applied_in_order() {
         commit_all(&backend, vec![first, second]).await;
     }
     let backend = open_tallied(dir.path(), Some(rule.clone())).await;
-    assert_eq!(
-        contents(&backend.db),
-        expected.into_iter().collect::<Vec<_>>()
-    );
+    assert_eq!(contents(&backend.db), expected);
     assert_eq!(tallies(&backend.db), walked(&backend.db, &rule));
 }
