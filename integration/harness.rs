@@ -110,9 +110,11 @@ impl Backend {
             }
             Backend::Redb => {
                 let dir = tempfile::tempdir().expect("temp dir");
-                // Tallied as the server tallies it, so whole-table reads divide from the tallies.
+                // Tallied and marked as the server does it, so whole-table reads divide from
+                // the tallies and table-scoped mapping loads read the marks.
                 let options = RedbOptions {
-                    tally: Some(moraine::server::row_tally(&Keyspace::default())),
+                    tally: Some(moraine::server::row_tally(&test_keyspace())),
+                    twins: Some(moraine::server::mapping_twins(&test_keyspace())),
                     ..RedbOptions::default()
                 };
                 let backend = RedbBackend::open_with(dir.path(), options)
@@ -201,6 +203,11 @@ impl KvSnapshot for CountingSnapshot {
     ) -> Result<moraine::kv::Divided, KvError> {
         self.inner.divide(range, division).await
     }
+
+    async fn twins(&self, range: &KeyRange) -> Result<Option<Vec<Vec<u8>>>, KvError> {
+        self.reads.count(&self.reads.pages, 1);
+        self.inner.twins(range).await
+    }
 }
 
 /// The whole catalog as DuckLake's rows, each table sorted: what a SQL catalog would hold.
@@ -269,13 +276,13 @@ impl TestStore {
     }
 
     pub fn catalog(&self) -> moraine::catalog::Catalog {
-        moraine::catalog::Catalog::new(
-            self.store.clone(),
-            moraine::codec::Keyspace::new(
-                moraine::codec::KeyPrefix::new("test-lake").expect("prefix"),
-            ),
-        )
+        moraine::catalog::Catalog::new(self.store.clone(), test_keyspace())
     }
+}
+
+/// The keyspace of the tests' catalogs: under a deployment prefix, as a shared store has.
+pub fn test_keyspace() -> Keyspace {
+    Keyspace::new(moraine::codec::KeyPrefix::new("test-lake").expect("prefix"))
 }
 
 #[cfg(feature = "tikv")]

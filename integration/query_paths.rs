@@ -462,7 +462,9 @@ async fn a_kept_plan_reads_the_snapshot_of_each_execution() {
 /// DuckLake's full load over more index pages than one returns the rows of the plain plan,
 /// in DuckLake's order: 20,000 mappings whose ids interleave 40 tables, with ids shared by a
 /// second table (all of those around the first index page's end, where a group of records of
-/// one `mapping_id` spans two pages and the batch builder carries it over).
+/// one `mapping_id` spans two pages and the batch builder carries it over). So do its
+/// table-scoped forms, for tables whose ids another table shares (found through the store's
+/// marks of shared ids) and for one whose ids no other table holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_over_many_index_pages_returns_the_rows_of_the_plain_plan() {
     let seed = seed();
@@ -500,6 +502,7 @@ async fn a_load_over_many_index_pages_returns_the_rows_of_the_plain_plan() {
         .push(Op::Insert(Insert::column_mappings(&maps)))
         .push(Op::Insert(Insert::name_mappings(&names)));
     commit_batch(&catalog, &batch).await.expect("mappings");
+    let (first_of_shared, second_of_shared) = shared[0];
     // The second tables' mappings of the shared ids, each id once in this batch.
     let (maps, names): (Vec<_>, Vec<_>) = shared
         .into_iter()
@@ -550,4 +553,58 @@ async fn a_load_over_many_index_pages_returns_the_rows_of_the_plain_plan() {
         assert!(want.len() > 10_000, "{} rows: {sql}", want.len());
         assert_eq!(got, want, "(MORAINE_SEED={seed}) {sql}");
     }
+    let first_table = maps_table(&catalog, first_of_shared).await;
+    table_loads_match_the_plain_plan(&fast, &plain, seed, [first_table, second_of_shared]).await;
+}
+
+/// The table-scoped forms of DuckLake's load return the rows of the plain plan, with the
+/// name rows of other tables' mappings of shared ids: for `tables`, the two tables of a
+/// shared id, and for a table no mapping is in.
+async fn table_loads_match_the_plain_plan(
+    fast: &QueryEngine,
+    plain: &QueryEngine,
+    seed: u64,
+    tables: [i64; 2],
+) {
+    let [first_table, second_of_shared] = tables;
+    let load = "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, \
+                parent_column, is_partition FROM ducklake_column_mapping \
+                JOIN ducklake_name_mapping USING (mapping_id)";
+    let order = "ORDER BY mapping_id, parent_column NULLS FIRST";
+    for sql in [
+        format!("{load} WHERE table_id = {first_table} {order}"),
+        format!("{load} WHERE table_id = {second_of_shared} {order}"),
+        format!("{load} WHERE table_id IN ({first_table}, 1, 3) {order}"),
+        // Tables 40 and up hold shared ids only; no table holds 39.
+        format!("{load} WHERE table_id = 39 {order}"),
+    ] {
+        let got = run(fast, &sql).await;
+        assert!(in_load_order(&got), "out of DuckLake's order: {sql}");
+        let got = rows(&got);
+        let mut want = rows(&run(plain, &sql).await);
+        let mut sorted = got.clone();
+        sorted.sort();
+        want.sort();
+        assert_eq!(sorted, want, "(MORAINE_SEED={seed}) {sql}");
+        if !sql.contains("= 39") {
+            let shared_names = got
+                .iter()
+                .filter(|row| row.iter().any(|cell| cell == "shared"))
+                .count();
+            assert!(shared_names > 0, "another table's name rows join: {sql}");
+        }
+    }
+}
+
+/// The table whose mapping `mapping_id` was written first: the least table holding it.
+async fn maps_table(catalog: &moraine::catalog::Catalog, mapping_id: i64) -> i64 {
+    let engine = QueryEngine::new(catalog.clone());
+    let sql = format!(
+        "SELECT min(table_id) AS t FROM ducklake_column_mapping WHERE mapping_id = {mapping_id}"
+    );
+    let batches = run(&engine, &sql).await;
+    batches[0]
+        .column(0)
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+        .value(0)
 }

@@ -210,7 +210,7 @@ impl ServeConfig {
         crate::kv::redb::RedbOptions {
             cache_bytes: usize::try_from(self.redb_cache_mb << 20).unwrap_or(usize::MAX),
             checkpoint_every: std::time::Duration::from_millis(self.redb_checkpoint_ms),
-            tally: None,
+            ..crate::kv::redb::RedbOptions::default()
         }
     }
 

@@ -33,7 +33,8 @@ const MAX_DECODING_MESSAGE: usize = 64 << 20;
 const MAX_ENCODING_MESSAGE: usize = 16 << 20;
 
 /// Opens the embedded store in `dir`, tallying the rows of `keyspace` by table
-/// ([`row_tally`]).
+/// ([`row_tally`]) and marking the mapping ids more than one table holds
+/// ([`mapping_twins`]).
 ///
 /// # Errors
 /// [`Error::Kv`] when the store cannot be opened.
@@ -44,6 +45,7 @@ pub async fn open_embedded(
 ) -> Result<Store> {
     let options = crate::kv::redb::RedbOptions {
         tally: Some(row_tally(keyspace)),
+        twins: Some(mapping_twins(keyspace)),
         ..options
     };
     let backend = crate::kv::redb::RedbBackend::open_with(dir, options).await?;
@@ -59,6 +61,17 @@ pub fn row_tally(keyspace: &Keyspace) -> crate::kv::redb::Tally {
     crate::kv::redb::Tally {
         range: keyspace.rows_range(),
         unit: keyspace.table_head_len(),
+    }
+}
+
+/// What the embedded store marks for `keyspace`: the mapping ids that more than one table
+/// holds, so that a table-scoped mapping load asks for the marks of its ids' span instead of
+/// looking every id up in the id index.
+#[must_use]
+pub fn mapping_twins(keyspace: &Keyspace) -> crate::kv::redb::Twins {
+    crate::kv::redb::Twins {
+        range: keyspace.kind_range(crate::codec::key::Kind::MappingById),
+        prefix: keyspace.id_head_len(),
     }
 }
 

@@ -348,6 +348,29 @@ impl CatalogSnapshot {
         Ok(rows)
     }
 
+    /// The ids in `ids` that index `index` may list more than once (for more than one
+    /// table), in order, where the store keeps track ([`Snapshot::twins`]); `None` where it
+    /// does not, and any id may be.
+    ///
+    /// # Errors
+    /// [`Error::Kv`](crate::Error::Kv) or [`Error::Codec`](crate::Error::Codec).
+    pub async fn twin_ids(
+        &self,
+        index: Kind,
+        ids: RangeInclusive<i64>,
+    ) -> Result<Option<Vec<i64>>> {
+        let range = self.keyspace.id_span(index, ids);
+        let Some(twins) = self.snapshot.twins(&range).await? else {
+            return Ok(None);
+        };
+        let mut out = twins
+            .iter()
+            .map(|head| Ok(self.keyspace.decode_head(head)?.1))
+            .collect::<Result<Vec<i64>>>()?;
+        out.dedup();
+        Ok(Some(out))
+    }
+
     /// The rows that index `index` lists for the row ids `ids`, in id order.
     ///
     /// # Errors

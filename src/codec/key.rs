@@ -519,6 +519,13 @@ impl Keyspace {
         self.prefix.as_bytes().len() + 1 + 1 + 8
     }
 
+    /// Length of an index key's id head (prefix, subspace, kind, row id): the entries that
+    /// share their first this many bytes list one row id.
+    #[must_use]
+    pub fn id_head_len(&self) -> usize {
+        self.prefix.as_bytes().len() + 1 + 1 + 8
+    }
+
     /// Every row of `kind` in table `table_id`: one contiguous range.
     #[must_use]
     pub fn table_range(&self, kind: Kind, table_id: TableId) -> KeyRange {

@@ -245,6 +245,16 @@ pub trait KvSnapshot: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// Where keys of `range` may share a prefix with another stored key, for a backend that
+    /// keeps track (the embedded store, under a twins rule covering `range`): every key of
+    /// `range` that has a twin starts with one of the entries returned, in key order (an
+    /// entry is a prefix, or a whole key). `None`, this default, when the backend does not
+    /// know: any key may have one.
+    async fn twins(&self, range: &KeyRange) -> Result<Option<Vec<Vec<u8>>>, KvError> {
+        let _ = range;
+        Ok(None)
+    }
+
     /// Where `range` divides into spans of about equal volume, as `division` asks. This
     /// default walks the range page by page; backends that can measure it more cheaply do.
     async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
@@ -439,6 +449,17 @@ impl Snapshot {
         let started = std::time::Instant::now();
         let got = self.inner.scan_page(range, page).await;
         crate::metrics::get().time_read("scan_page", started, got)
+    }
+
+    /// Where keys of `range` may have a twin, where the backend knows
+    /// ([`KvSnapshot::twins`]).
+    ///
+    /// # Errors
+    /// [`KvError`] when the backend fails.
+    pub async fn twins(&self, range: &KeyRange) -> Result<Option<Vec<Vec<u8>>>, KvError> {
+        let started = std::time::Instant::now();
+        let got = self.inner.twins(range).await;
+        crate::metrics::get().time_read("twins", started, got)
     }
 
     /// The first page of each of `ranges`, in one round trip where the backend can.

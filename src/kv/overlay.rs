@@ -43,6 +43,29 @@ impl KvSnapshot for OverlaySnapshot {
             .collect())
     }
 
+    /// The base's marks, with every key the writes put in `range`: a written key may be new
+    /// and share its prefix with a stored one.
+    async fn twins(&self, range: &KeyRange) -> Result<Option<Vec<Vec<u8>>>, KvError> {
+        let Some(mut twins) = self.base.twins(range).await? else {
+            return Ok(None);
+        };
+        let written: Vec<Vec<u8>> = self
+            .writes
+            .written((
+                Bound::Included(range.start.as_slice()),
+                Bound::Excluded(range.end.as_slice()),
+            ))
+            .filter(|(_, value)| value.is_some())
+            .map(|(key, _)| key.to_vec())
+            .collect();
+        if !written.is_empty() {
+            twins.extend(written);
+            twins.sort_unstable();
+            twins.dedup();
+        }
+        Ok(Some(twins))
+    }
+
     /// The base's division: a transaction's staged writes are small beside what it reads.
     async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
         self.base.divide(range, division).await

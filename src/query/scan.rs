@@ -295,7 +295,9 @@ impl CatalogScanExec {
 /// The pages of a table-scoped read of mapping records in id order, each with the records of
 /// other tables that use the same mapping ids: in DuckLake's SQL join their name rows join
 /// the kept tables' mappings too (name rows carry no `table_id`). Mapping ids are seldom
-/// shared, but only the id index can tell: one batched index read per page.
+/// shared. Where the store marks the ids more than one table holds (the embedded store),
+/// one read of the marks in the page's span tells which to look up; elsewhere only the id
+/// index can tell: one batched index read per page.
 fn with_shared_ids(
     snapshot: CatalogSnapshot,
     tables: IdSet,
@@ -315,6 +317,11 @@ fn with_shared_ids(
                 ids.dedup();
                 ids.sort_unstable();
                 ids.dedup();
+                if let (Some(&first), Some(&last)) = (ids.first(), ids.last())
+                    && let Some(twins) = snapshot.twin_ids(Kind::MappingById, first..=last).await?
+                {
+                    ids.retain(|id| twins.binary_search(id).is_ok());
+                }
                 let others: Vec<_> = snapshot
                     .index_rows(Kind::MappingById, &ids)
                     .await?

@@ -2,7 +2,8 @@
 //!
 //! All data lives in one `&[u8] -> &[u8]` table, ordered by raw key bytes, which is the
 //! memcomparable order the keyspace is built for; beside it, the volume tallies (`tally.rs`)
-//! that let a range of whole tables divide without a walk. redb is blocking: a read that
+//! that let a range of whole tables divide without a walk, and the twin marks (`twins.rs`)
+//! that say which mapping ids more than one table holds. redb is blocking: a read that
 //! reaches more than a few hundred pairs runs on tokio's blocking pool, never on the async
 //! runtime's workers; a smaller one (a point read, a short page) runs in place, since it
 //! takes less time than the hand-off would.
@@ -23,6 +24,7 @@
 
 mod log;
 mod tally;
+mod twins;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,8 @@ pub use log::LOG_NAME;
 use log::Log;
 use tally::Changes;
 pub use tally::Tally;
+use twins::Marks;
+pub use twins::Twins;
 
 const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("moraine_kv");
 /// The store's own bookkeeping, apart from the data.
@@ -81,6 +85,10 @@ pub struct RedbOptions {
     /// What the store tallies by unit ([`Tally`]), so that a whole-table read divides
     /// into endpoints without walking every pair; `None` tallies nothing.
     pub tally: Option<Tally>,
+    /// Which keys the store marks when they share a prefix ([`Twins`]), so that a read can
+    /// ask which keys of a range may have a twin instead of looking at each; `None` marks
+    /// nothing.
+    pub twins: Option<Twins>,
 }
 
 impl Default for RedbOptions {
@@ -89,6 +97,7 @@ impl Default for RedbOptions {
             cache_bytes: 32 << 20,
             checkpoint_every: Duration::from_secs(1),
             tally: None,
+            twins: None,
         }
     }
 }
@@ -126,7 +135,7 @@ impl RedbBackend {
                 .set_cache_size(options.cache_bytes)
                 .create(&path)
                 .map_err(|err| unavailable(&path, &err))?;
-            let (mut log, applied, replayed) = recover(&db, &dir, options.tally.as_ref())?;
+            let (mut log, applied, replayed) = recover(&db, &dir, &options)?;
             if replayed > 0 {
                 tracing::info!(
                     records = replayed,
@@ -159,10 +168,11 @@ impl RedbBackend {
 }
 
 /// Creates the tables if missing, opens the commit log in `dir` and applies, durably, the
-/// log's records that the file's durable state lacks; tallies the file afresh when it
-/// records another rule than `tally`. Returns the log, the sequence number of the last
-/// commit group the file holds, and how many records were applied.
-fn recover(db: &Database, dir: &Path, tally: Option<&Tally>) -> Result<(Log, u64, usize), KvError> {
+/// log's records that the file's durable state lacks; tallies and marks the file afresh
+/// when it records other rules than `options`. Returns the log, the sequence number of the
+/// last commit group the file holds, and how many records were applied.
+fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64, usize), KvError> {
+    let tally = options.tally.as_ref();
     let mut txn = db.begin_write().map_err(failed)?;
     txn.set_durability(Durability::Immediate).map_err(failed)?;
     let (log, applied, replayed) = {
@@ -170,9 +180,16 @@ fn recover(db: &Database, dir: &Path, tally: Option<&Tally>) -> Result<(Log, u64
         let mut meta = txn.open_table(META).map_err(failed)?;
         let mut rule = txn.open_table(tally::RULE).map_err(failed)?;
         let mut tallies = txn.open_table(tally::TALLIES).map_err(failed)?;
+        let mut twin_rule = txn.open_table(twins::RULE).map_err(failed)?;
+        let mut twin_marks = txn.open_table(twins::TWINS).map_err(failed)?;
         let recorded = Tally::recorded(&rule).map_err(failed)?;
         let same = recorded.as_ref() == tally;
-        let mut changes = Changes::new(recorded.filter(|_| same));
+        let recorded_twins = Twins::recorded(&twin_rule).map_err(failed)?;
+        let same_twins = recorded_twins.as_ref() == options.twins.as_ref();
+        let mut changes = Derived {
+            tallies: Changes::new(recorded.filter(|_| same)),
+            marks: Marks::new(recorded_twins.filter(|_| same_twins)),
+        };
         let durable = meta
             .get(APPLIED)
             .map_err(failed)?
@@ -192,12 +209,21 @@ fn recover(db: &Database, dir: &Path, tally: Option<&Tally>) -> Result<(Log, u64
         })
         .map_err(|err| unavailable(&dir.join(LOG_NAME), &err))?;
         meta.insert(APPLIED, applied).map_err(failed)?;
-        changes.apply(&mut tallies).map_err(failed)?;
+        changes.tallies.apply(&mut tallies).map_err(failed)?;
+        changes.marks.apply(&mut twin_marks).map_err(failed)?;
         if !same {
             Tally::retally(tally, &mut rule, &mut tallies, &data).map_err(failed)?;
             tracing::info!(
                 tallied = tally.is_some(),
                 "tallied the store's volume afresh"
+            );
+        }
+        if !same_twins {
+            let twins = options.twins.as_ref();
+            Twins::remark(twins, &mut twin_rule, &mut twin_marks, &data).map_err(failed)?;
+            tracing::info!(
+                marked = twins.is_some(),
+                "marked the store's twin keys afresh"
             );
         }
         (log, applied, replayed)
@@ -207,11 +233,33 @@ fn recover(db: &Database, dir: &Path, tally: Option<&Tally>) -> Result<(Log, u64
     Ok((log, applied, replayed))
 }
 
+/// What a run of writes changes beside the data: the tallies of volume and the twin marks.
+struct Derived {
+    tallies: Changes,
+    marks: Marks,
+}
+
+impl Derived {
+    /// Changes under the rules `txn`'s file records.
+    fn recorded(txn: &redb::WriteTransaction) -> Result<Self, redb::Error> {
+        Ok(Self {
+            tallies: Changes::new(Tally::recorded(&txn.open_table(tally::RULE)?)?),
+            marks: Marks::new(Twins::recorded(&txn.open_table(twins::RULE)?)?),
+        })
+    }
+
+    /// Writes the changes to `txn`'s tallies and marks.
+    fn apply(self, txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+        self.tallies.apply(&mut txn.open_table(tally::TALLIES)?)?;
+        self.marks.apply(&mut txn.open_table(twins::TWINS)?)
+    }
+}
+
 /// Writes `value` at `key` in `data` (deletes it for `None`), recording the change of
-/// volume in `changes`.
+/// volume, and a new key's twin, in `changes`.
 fn put(
     data: &mut redb::Table<&'static [u8], &'static [u8]>,
-    changes: &mut Changes,
+    changes: &mut Derived,
     key: &[u8],
     value: Option<&[u8]>,
 ) -> Result<(), redb::StorageError> {
@@ -220,7 +268,10 @@ fn put(
         None => data.remove(key)?,
     }
     .map(|old| old.value().len());
-    changes.record(key, before, value.map(<[u8]>::len));
+    changes.tallies.record(key, before, value.map(<[u8]>::len));
+    if before.is_none() && value.is_some() {
+        changes.marks.new_key_in(data, key)?;
+    }
     Ok(())
 }
 
@@ -948,7 +999,7 @@ impl Drop for ApplierThread {
 fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     {
-        let mut changes = Changes::new(Tally::recorded(&txn.open_table(tally::RULE)?)?);
+        let mut changes = Derived::recorded(&txn)?;
         let mut table = txn.open_table(DATA)?;
         for writes in writes {
             let pairs = writes.iter().filter_map(|(key, staged)| {
@@ -965,7 +1016,8 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
                 }
             }
         }
-        changes.apply(&mut txn.open_table(tally::TALLIES)?)?;
+        drop(table);
+        changes.apply(&txn)?;
         txn.open_table(META)?.insert(APPLIED, seq)?;
     }
     txn.set_durability(Durability::None)?;
@@ -993,9 +1045,11 @@ const SINGLE_PAIRS: usize = 64;
 /// splice, and replacing a run of stored keys that way leaves half-empty leaves behind.
 fn put_in_order<'a>(
     data: &mut redb::Table<&'static [u8], &'static [u8]>,
-    changes: &mut Changes,
+    changes: &mut Derived,
     pairs: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
 ) -> Result<(), redb::Error> {
+    use std::borrow::Cow;
+    use std::cmp::Ordering::{Equal, Greater, Less};
     let mut pairs = pairs.peekable();
     let mut single = 0;
     while let Some(&(first, value)) = pairs.peek() {
@@ -1007,21 +1061,39 @@ fn put_in_order<'a>(
         }
         let mut at = data.lower_bound_mut(Bound::Included(first))?;
         let (mut run, mut stored) = (0, false);
+        // The key before the gap, for the twin marks: the stored one, then each key the run
+        // puts in. Every key of a run lies between it and the stored key after the gap.
+        let mut before: Option<Cow<'a, [u8]>> = if changes.marks.watches(first) {
+            at.peek_prev()?
+                .map(|(key, _)| Cow::Owned(key.value().to_vec()))
+        } else {
+            None
+        };
         while let Some(&(key, value)) = pairs.peek() {
             // The gap must lie right before `key`, and `key` must be new.
-            match at.peek_next()?.map(|(next, _)| next.value().cmp(key)) {
-                Some(std::cmp::Ordering::Less) => break,
-                Some(std::cmp::Ordering::Equal) => {
+            let order = {
+                let next = at.peek_next()?;
+                let after = next.as_ref().map(|(next, _)| next.value());
+                let order = after.map(|after| after.cmp(key));
+                if value.is_some() && matches!(order, Some(Greater) | None) {
+                    changes.marks.new_key(key, before.as_deref(), after);
+                }
+                order
+            };
+            match order {
+                Some(Less) => break,
+                Some(Equal) => {
                     stored = true;
                     break;
                 }
-                Some(std::cmp::Ordering::Greater) | None => {}
+                Some(Greater) | None => {}
             }
             pairs.next();
             // A delete of a key the table lacks changes nothing.
             if let Some(value) = value {
                 at.insert_before(key, value)?;
-                changes.record(key, None, Some(value.len()));
+                changes.tallies.record(key, None, Some(value.len()));
+                before = Some(Cow::Borrowed(key));
                 run += 1;
             }
         }
@@ -1081,6 +1153,10 @@ impl KvSnapshot for AtVersion {
 
     async fn divide(&self, range: &KeyRange, division: Division) -> Result<Divided, KvError> {
         self.inner.divide(range, division).await
+    }
+
+    async fn twins(&self, range: &KeyRange) -> Result<Option<Vec<Vec<u8>>>, KvError> {
+        self.inner.twins(range).await
     }
 }
 
@@ -1145,6 +1221,26 @@ impl KvSnapshot for RedbSnapshot {
                 .iter()
                 .map(|range| page_of(&table, range, page))
                 .collect()
+        })
+        .await
+    }
+
+    /// From the marks, where the file's rule covers `range`: one short range read.
+    async fn twins(&self, range: &KeyRange) -> Result<Option<Vec<Vec<u8>>>, KvError> {
+        let txn = Arc::clone(&self.txn);
+        let range = range.clone();
+        small(1, move || {
+            let rule =
+                Twins::recorded(&txn.open_table(twins::RULE).map_err(failed)?).map_err(failed)?;
+            match rule {
+                Some(rule) if rule.covers(&range) => {
+                    let marks = txn.open_table(twins::TWINS).map_err(failed)?;
+                    twins::marked(&marks, &rule, &range)
+                        .map(Some)
+                        .map_err(failed)
+                }
+                _ => Ok(None),
+            }
         })
         .await
     }

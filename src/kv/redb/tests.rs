@@ -33,7 +33,7 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
 fn a_group_ends_as_its_commits_would_one_after_another() {
     let dir = tempfile::tempdir().expect("dir");
     let db = Arc::new(Database::create(dir.path().join(FILE_NAME)).expect("db"));
-    let (log, _, _) = recover(&db, dir.path(), None).expect("tables and log");
+    let (log, _, _) = recover(&db, dir.path(), &RedbOptions::default()).expect("tables and log");
     let mut writer = Writer::start(
         Arc::clone(&db),
         log,
@@ -644,17 +644,72 @@ fn written<'a>(
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 type Units = Vec<(Vec<u8>, u64)>;
 
-/// The file's pairs, its tallies and its tallies as a walk finds them, after `stored` is
-/// written one key at a time and then `writes` (ascending keys) through [`put_in_order`], in
-/// one transaction each.
+/// Marks of the keys under `b"r"` that share their first two bytes, as the tests' stores
+/// keep them.
+fn test_twins() -> Twins {
+    Twins {
+        range: KeyRange::new(b"r".to_vec(), b"s".to_vec()),
+        prefix: 2,
+    }
+}
+
+/// The prefixes the file marks.
+fn marks(db: &Database) -> Vec<Vec<u8>> {
+    let txn = db.begin_read().expect("read");
+    let table = txn.open_table(twins::TWINS).expect("twins");
+    table
+        .iter()
+        .expect("iter")
+        .map(|item| item.expect("item").0.value().to_vec())
+        .collect()
+}
+
+/// What the marks must be after `stored`, then `writes`, are applied in key order: the
+/// prefix (under `b"r"`, two bytes) of every new key that another key held when it went in.
+fn marks_by_replay<'a>(
+    stored: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    writes: impl IntoIterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)>,
+) -> Vec<Vec<u8>> {
+    let mut held = std::collections::BTreeSet::new();
+    let mut marked = std::collections::BTreeSet::new();
+    let all = stored
+        .iter()
+        .map(|(key, value)| (key.clone(), Some(value.clone())))
+        .chain(writes.into_iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (key, value) in all {
+        if value.is_none() {
+            held.remove(&key);
+            continue;
+        }
+        if key.len() >= 2 && key[0] == b'r' && !held.contains(&key) {
+            let twin = held
+                .iter()
+                .any(|other: &Vec<u8>| other.starts_with(&key[..2]));
+            if twin {
+                marked.insert(key[..2].to_vec());
+            }
+        }
+        held.insert(key);
+    }
+    marked.into_iter().collect()
+}
+
+/// The file's pairs, its tallies and its tallies as a walk finds them, and its marks, after
+/// `stored` is written one key at a time and then `writes` (ascending keys) through
+/// [`put_in_order`], in one transaction each.
 fn after_ordered_writes(
     stored: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
     writes: &std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-) -> (Pairs, Units, Units) {
+) -> (Pairs, Units, Units, Vec<Vec<u8>>) {
     let dir = tempfile::tempdir().expect("dir");
     let db = Database::create(dir.path().join(FILE_NAME)).expect("db");
     let rule = test_tally(2);
-    recover(&db, dir.path(), Some(&rule)).expect("tables and log");
+    let options = RedbOptions {
+        tally: Some(rule.clone()),
+        twins: Some(test_twins()),
+        ..RedbOptions::default()
+    };
+    recover(&db, dir.path(), &options).expect("tables and log");
     for (ordered, pairs) in [
         (
             false,
@@ -673,7 +728,7 @@ fn after_ordered_writes(
     ] {
         let txn = db.begin_write().expect("write");
         {
-            let mut changes = Changes::new(Some(rule.clone()));
+            let mut changes = Derived::recorded(&txn).expect("rules");
             let mut table = txn.open_table(DATA).expect("table");
             if ordered {
                 put_in_order(&mut table, &mut changes, pairs.into_iter()).expect("ordered");
@@ -682,13 +737,12 @@ fn after_ordered_writes(
                     put(&mut table, &mut changes, key, value).expect("put");
                 }
             }
-            changes
-                .apply(&mut txn.open_table(tally::TALLIES).expect("tallies"))
-                .expect("tallied");
+            drop(table);
+            changes.apply(&txn).expect("tallied and marked");
         }
         txn.commit().expect("commit");
     }
-    (contents(&db), tallies(&db), walked(&db, &rule))
+    (contents(&db), tallies(&db), walked(&db, &rule), marks(&db))
 }
 
 proptest::proptest! {
@@ -696,8 +750,9 @@ proptest::proptest! {
 
     /// Writes applied through a cursor (new keys in runs before, between and after stored
     /// ones, replacements longer and shorter, deletes of stored and of absent keys) leave the
-    /// file as the same writes applied one key at a time would, and the tallies as a walk
-    /// finds them.
+    /// file as the same writes applied one key at a time would, the tallies as a walk finds
+    /// them, and the marks as a replay in key order finds them: among them, every prefix two
+    /// keys of the file share.
     #[test]
     fn ordered_writes_end_as_single_writes_would(
         stored in proptest::collection::btree_map(
@@ -712,9 +767,16 @@ proptest::proptest! {
         ),
     ) {
         let expected = written(stored.clone(), &writes);
-        let (pairs, tallied, walked) = after_ordered_writes(&stored, &writes);
+        let (pairs, tallied, walked, marked) = after_ordered_writes(&stored, &writes);
+        for twins in pairs.windows(2) {
+            let [(a, _), (b, _)] = twins else { continue };
+            if a.len() >= 2 && a[0] == b'r' && b.starts_with(&a[..2]) {
+                proptest::prop_assert!(marked.contains(&a[..2].to_vec()), "{:?} unmarked", &a[..2]);
+            }
+        }
         proptest::prop_assert_eq!(pairs, expected);
         proptest::prop_assert_eq!(tallied, walked);
+        proptest::prop_assert_eq!(marked, marks_by_replay(&stored, &writes));
     }
 }
 
@@ -768,4 +830,119 @@ async fn a_large_commit_is_applied_in_order() {
     let backend = open_tallied(dir.path(), Some(rule.clone())).await;
     assert_eq!(contents(&backend.db), expected);
     assert_eq!(tallies(&backend.db), walked(&backend.db, &rule));
+}
+
+async fn open_marked(dir: &Path, twins: Option<Twins>) -> RedbBackend {
+    let options = RedbOptions {
+        twins,
+        ..RedbOptions::default()
+    };
+    RedbBackend::open_with(dir, options).await.expect("open")
+}
+
+/// The marks a snapshot of `backend` gives for `start..end`.
+async fn twins_of(backend: &RedbBackend, start: &str, end: &str) -> Option<Vec<Vec<u8>>> {
+    let range = KeyRange::new(start.as_bytes().to_vec(), end.as_bytes().to_vec());
+    let snapshot = backend.snapshot().await.expect("snapshot");
+    snapshot.twins(&range).await.expect("twins")
+}
+
+fn heads(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|item| item.as_bytes().to_vec()).collect()
+}
+
+/// A new key that shares its prefix with a stored one marks the prefix, whether it goes in
+/// one key at a time (a small commit, a replay of the log) or through the cursor (a large
+/// commit, where the neighbour may be stored or a key of the same run); reads get the marks
+/// of a range the rule covers, with a transaction's written keys laid over them. A store
+/// opened without the rule forgets its marks, and one opened with it again marks afresh.
+#[tokio::test]
+async fn twins_are_marked_however_written_and_read_back() {
+    let dir = tempfile::tempdir().expect("dir");
+    let rule = test_twins();
+    {
+        let backend = open_marked(dir.path(), Some(rule.clone())).await;
+        let mut large = staged(|w| {
+            w.put(&b"ra3"[..], &b"3"[..]).put(&b"re2"[..], &b"2"[..]);
+            for i in 0..300_u16 {
+                let mut key = b"rc".to_vec();
+                key.extend_from_slice(&i.to_be_bytes());
+                w.put(key, &b"c"[..]);
+            }
+        });
+        assert!(large.len() >= CURSOR_APPLY_PAIRS);
+        commit_all(
+            &backend,
+            vec![
+                staged(|w| {
+                    w.put(&b"ra1"[..], &b"1"[..])
+                        .put(&b"rb1"[..], &b"1"[..])
+                        .put(&b"re1"[..], &b"1"[..])
+                        .put(&b"s11"[..], &b"outside"[..])
+                        .put(&b"rx"[..], &b"x"[..]);
+                }),
+                staged(|w| {
+                    w.put(&b"ra1"[..], &b"overwritten"[..])
+                        .put(&b"ra2"[..], &b"2"[..])
+                        .put(&b"s12"[..], &b"outside"[..])
+                        .delete(&b"rb1"[..])
+                        .put(&b"rb2"[..], &b"2"[..]);
+                }),
+                std::mem::replace(&mut large, staged(|_| {})),
+            ],
+        )
+        .await;
+    }
+    {
+        // What a crash leaves: a group logged and not checkpointed, replayed on open.
+        let (mut log, _) = log::tests::read(dir.path());
+        let lost = staged(|w| {
+            w.put(&b"rf1"[..], &b"1"[..]).put(&b"rf2"[..], &b"2"[..]);
+        });
+        log.append(4, &std::iter::once(lost.as_ref()))
+            .expect("append");
+    }
+    let backend = open_marked(dir.path(), Some(rule.clone())).await;
+    assert_eq!(marks(&backend.db), heads(&["ra", "rc", "re", "rf"]));
+    assert_eq!(
+        twins_of(&backend, "r", "s").await,
+        Some(heads(&["ra", "rc", "re", "rf"]))
+    );
+    assert_eq!(
+        twins_of(&backend, "rc\x00\x05", "re").await,
+        Some(heads(&["rc"]))
+    );
+    assert_eq!(
+        twins_of(&backend, "a", "rz").await,
+        None,
+        "not all under the rule"
+    );
+    // A transaction's view adds the keys it writes.
+    let view = OverlaySnapshot {
+        base: backend.snapshot().await.expect("snapshot"),
+        writes: staged(|w| {
+            w.put(&b"rg1"[..], &b"1"[..]).delete(&b"rx"[..]);
+        }),
+    };
+    let range = KeyRange::new(b"r".to_vec(), b"s".to_vec());
+    assert_eq!(
+        view.twins(&range).await.expect("twins"),
+        Some(heads(&["ra", "rc", "re", "rf", "rg1"]))
+    );
+    // Deleting a twin leaves its mark; marking afresh drops it.
+    commit_all(
+        &backend,
+        vec![staged(|w| {
+            w.delete(&b"ra2"[..]).delete(&b"ra3"[..]);
+        })],
+    )
+    .await;
+    assert_eq!(twins_of(&backend, "ra", "rb").await, Some(heads(&["ra"])));
+    drop(backend);
+    let backend = open_marked(dir.path(), None).await;
+    assert_eq!(twins_of(&backend, "r", "s").await, None);
+    assert!(marks(&backend.db).is_empty());
+    drop(backend);
+    let backend = open_marked(dir.path(), Some(rule)).await;
+    assert_eq!(marks(&backend.db), heads(&["rc", "re", "rf"]));
 }
