@@ -608,3 +608,47 @@ async fn maps_table(catalog: &moraine::catalog::Catalog, mapping_id: i64) -> i64
         .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
         .value(0)
 }
+
+/// A query planned once is classified from the plan cache, without parsing it again, exactly
+/// as parsing classifies it: no write statement, and read whole or not; a write statement is
+/// still one.
+#[tokio::test]
+async fn planned_queries_are_classified_as_parsing_classifies_them() {
+    use moraine::model::CatalogTable;
+    let t = Backend::Redb.open().await;
+    let engine = QueryEngine::new(t.catalog());
+    let load = "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, \
+                parent_column, is_partition FROM ducklake_column_mapping \
+                JOIN ducklake_name_mapping USING (mapping_id) WHERE table_id = 3 \
+                ORDER BY mapping_id, parent_column NULLS FIRST";
+    for (sql, whole) in [
+        (
+            "SELECT * FROM ducklake_name_mapping",
+            Some(CatalogTable::NameMapping),
+        ),
+        (
+            "select * from main.DUCKLAKE_DATA_FILE",
+            Some(CatalogTable::DataFile),
+        ),
+        (
+            "SELECT * FROM moraine.main.ducklake_column_mapping",
+            Some(CatalogTable::ColumnMapping),
+        ),
+        (
+            "SELECT * FROM ducklake_name_mapping WHERE mapping_id > 3",
+            None,
+        ),
+        ("SELECT mapping_id FROM ducklake_column_mapping", None),
+        (load, None),
+    ] {
+        assert_eq!(engine.whole_table(sql), whole, "parsed: {sql}");
+        engine.shape(sql).await.expect("plans");
+        assert_eq!(engine.whole_table(sql), whole, "cached: {sql}");
+        assert!(
+            engine.write_statement(sql).expect("a query").is_none(),
+            "{sql}"
+        );
+    }
+    let delete = "DELETE FROM ducklake_data_file WHERE data_file_id = 1";
+    assert!(engine.write_statement(delete).expect("a write").is_some());
+}

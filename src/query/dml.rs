@@ -267,11 +267,15 @@ fn parse_insert(insert: &Insert) -> Result<WriteStatement> {
 
 impl QueryEngine {
     /// The write statement `sql` is, or `None` for anything else (a query, or SQL that does
-    /// not parse: the read path reports that).
+    /// not parse: the read path reports that). A query planned before is known from the plan
+    /// cache, without parsing it again.
     ///
     /// # Errors
     /// For a write statement of a shape not supported, or to an unknown table.
     pub fn write_statement(&self, sql: &str) -> Result<Option<WriteStatement>> {
+        if self.is_planned_query(sql) {
+            return Ok(None);
+        }
         super::limits::check_sql(sql)?;
         let dialect = self.base.config().options().sql_parser.dialect;
         let Ok(statement) = self.base.sql_to_statement(sql, &dialect) else {

@@ -144,6 +144,8 @@ struct Planned {
     plan: LogicalPlan,
     physical: Option<Arc<dyn ExecutionPlan>>,
     parameters: SchemaRef,
+    /// The catalog table the statement reads whole, as [`QueryEngine::whole_table`] says.
+    whole: Option<CatalogTable>,
 }
 
 impl Planned {
@@ -336,12 +338,7 @@ impl QueryEngine {
     /// `sql` planned, from the cache when it was planned before. The plan reads no snapshot:
     /// its scans are planned against `snapshot` detached from its store.
     async fn planned(&self, sql: &str, snapshot: &CatalogSnapshot) -> Result<Arc<Planned>> {
-        if let Some(planned) = self
-            .plans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(sql)
-        {
+        if let Some(planned) = self.cached(sql) {
             return Ok(planned);
         }
         limits::check_sql(sql)?;
@@ -358,6 +355,7 @@ impl QueryEngine {
                         .into(),
             });
         }
+        let whole = whole_table_of(&statement);
         normalize(&mut statement, self.fast.mapping_load);
         let plan = state
             .statement_to_plan(statement)
@@ -383,12 +381,27 @@ impl QueryEngine {
             parameters: parameter_schema(&types),
             physical,
             plan,
+            whole,
         });
         self.plans
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(sql, Arc::clone(&planned));
         Ok(planned)
+    }
+
+    /// `sql` planned before, from the cache: a read-only query, which passed the SQL limits.
+    fn cached(&self, sql: &str) -> Option<Arc<Planned>> {
+        self.plans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+    }
+
+    /// Whether `sql` was planned before as a query: then it is no write statement, and
+    /// nothing about it needs parsing again.
+    pub(crate) fn is_planned_query(&self, sql: &str) -> bool {
+        self.cached(sql).is_some()
     }
 
     /// The physical plan of `sql` with `params` bound, reading `snapshot`.
@@ -489,79 +502,16 @@ impl QueryEngine {
     }
 
     /// The catalog table `sql` reads whole, when it is exactly `SELECT * FROM <table>` (the
-    /// name qualified or not): a read that may be served as parallel parts.
+    /// name qualified or not): a read that may be served as parallel parts. A query planned
+    /// before is answered from the plan cache, without parsing it again.
     #[must_use]
     pub fn whole_table(&self, sql: &str) -> Option<CatalogTable> {
-        use datafusion::sql::sqlparser::ast::{
-            SelectItem, SetExpr, Statement, TableFactor, WildcardAdditionalOptions,
-        };
+        if let Some(planned) = self.cached(sql) {
+            return planned.whole;
+        }
         let dialect = self.base.config().options().sql_parser.dialect;
-        let Ok(datafusion::sql::parser::Statement::Statement(statement)) =
-            self.base.sql_to_statement(sql, &dialect)
-        else {
-            return None;
-        };
-        let Statement::Query(query) = *statement else {
-            return None;
-        };
-        let plain_query = query.with.is_none()
-            && query.order_by.is_none()
-            && query.limit_clause.is_none()
-            && query.fetch.is_none()
-            && query.locks.is_empty();
-        let SetExpr::Select(select) = *query.body else {
-            return None;
-        };
-        let plain_select = plain_query
-            && select.distinct.is_none()
-            && select.top.is_none()
-            && select.selection.is_none()
-            && select.having.is_none()
-            && select.qualify.is_none()
-            && select.named_window.is_empty()
-            && select.lateral_views.is_empty()
-            && matches!(&select.group_by, datafusion::sql::sqlparser::ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
-            && matches!(select.projection.as_slice(), [SelectItem::Wildcard(options)] if *options == WildcardAdditionalOptions::default());
-        let [from] = select.from.as_slice() else {
-            return None;
-        };
-        if !plain_select || !from.joins.is_empty() {
-            return None;
-        }
-        let TableFactor::Table {
-            name,
-            alias: None,
-            args: None,
-            with_hints,
-            version: None,
-            partitions,
-            ..
-        } = &from.relation
-        else {
-            return None;
-        };
-        if !with_hints.is_empty() || !partitions.is_empty() {
-            return None;
-        }
-        let parts: Vec<String> = name
-            .0
-            .iter()
-            .map(|part| {
-                // Unquoted names are folded to lower case, as the planner folds them.
-                part.as_ident().map(|ident| match ident.quote_style {
-                    Some(_) => ident.value.clone(),
-                    None => ident.value.to_lowercase(),
-                })
-            })
-            .collect::<Option<_>>()?;
-        let (table, qualifiers) = parts.split_last()?;
-        let known = match qualifiers {
-            [] => true,
-            [schema] => schema == SCHEMA_NAME,
-            [catalog, schema] => catalog == CATALOG_NAME && schema == SCHEMA_NAME,
-            _ => false,
-        };
-        known.then(|| CatalogTable::from_name(table)).flatten()
+        let statement = self.base.sql_to_statement(sql, &dialect).ok()?;
+        whole_table_of(&statement)
     }
 
     /// Streams the rows of `table` in the DuckLake tables `tables` at `snapshot`, in key
@@ -688,4 +638,76 @@ pub fn from_datafusion(err: DataFusionError) -> Error {
         kind,
         message: root.to_string(),
     }
+}
+
+/// The catalog table `statement` reads whole, when it is exactly `SELECT * FROM <table>`.
+fn whole_table_of(statement: &datafusion::sql::parser::Statement) -> Option<CatalogTable> {
+    use datafusion::sql::sqlparser::ast::{
+        SelectItem, SetExpr, Statement, TableFactor, WildcardAdditionalOptions,
+    };
+    let datafusion::sql::parser::Statement::Statement(statement) = statement else {
+        return None;
+    };
+    let Statement::Query(query) = statement.as_ref() else {
+        return None;
+    };
+
+    let plain_query = query.with.is_none()
+        && query.order_by.is_none()
+        && query.limit_clause.is_none()
+        && query.fetch.is_none()
+        && query.locks.is_empty();
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    let plain_select = plain_query
+        && select.distinct.is_none()
+        && select.top.is_none()
+        && select.selection.is_none()
+        && select.having.is_none()
+        && select.qualify.is_none()
+        && select.named_window.is_empty()
+        && select.lateral_views.is_empty()
+        && matches!(&select.group_by, datafusion::sql::sqlparser::ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
+        && matches!(select.projection.as_slice(), [SelectItem::Wildcard(options)] if *options == WildcardAdditionalOptions::default());
+    let [from] = select.from.as_slice() else {
+        return None;
+    };
+    if !plain_select || !from.joins.is_empty() {
+        return None;
+    }
+    let TableFactor::Table {
+        name,
+        alias: None,
+        args: None,
+        with_hints,
+        version: None,
+        partitions,
+        ..
+    } = &from.relation
+    else {
+        return None;
+    };
+    if !with_hints.is_empty() || !partitions.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|part| {
+            // Unquoted names are folded to lower case, as the planner folds them.
+            part.as_ident().map(|ident| match ident.quote_style {
+                Some(_) => ident.value.clone(),
+                None => ident.value.to_lowercase(),
+            })
+        })
+        .collect::<Option<_>>()?;
+    let (table, qualifiers) = parts.split_last()?;
+    let known = match qualifiers {
+        [] => true,
+        [schema] => schema == SCHEMA_NAME,
+        [catalog, schema] => catalog == CATALOG_NAME && schema == SCHEMA_NAME,
+        _ => false,
+    };
+    known.then(|| CatalogTable::from_name(table)).flatten()
 }
