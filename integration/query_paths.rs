@@ -459,6 +459,12 @@ async fn a_kept_plan_reads_the_snapshot_of_each_execution() {
     );
 }
 
+/// DuckLake's mapping load, and the ORDER BY it ends with.
+const LOAD: &str = "SELECT mapping_id, table_id, type, column_id, source_name, \
+                    target_field_id, parent_column, is_partition FROM ducklake_column_mapping \
+                    JOIN ducklake_name_mapping USING (mapping_id)";
+const LOAD_ORDER: &str = "ORDER BY mapping_id, parent_column NULLS FIRST";
+
 /// DuckLake's full load over more index pages than one returns the rows of the plain plan,
 /// in DuckLake's order: 20,000 mappings whose ids interleave 40 tables, with ids shared by a
 /// second table (all of those around the first index page's end, where a group of records of
@@ -531,10 +537,7 @@ async fn a_load_over_many_index_pages_returns_the_rows_of_the_plain_plan() {
     commit_batch(&catalog, &batch).await.expect("shared ids");
     let fast = QueryEngine::new(catalog.clone());
     let plain = QueryEngine::with_fast_paths(catalog.clone(), FastPaths::NONE);
-    let load = "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, \
-                parent_column, is_partition FROM ducklake_column_mapping \
-                JOIN ducklake_name_mapping USING (mapping_id)";
-    let order = "ORDER BY mapping_id, parent_column NULLS FIRST";
+    let (load, order) = (LOAD, LOAD_ORDER);
     for sql in [
         format!("{load} {order}"),
         format!("{load} WHERE mapping_id >= 9001 {order}"),
@@ -567,10 +570,7 @@ async fn table_loads_match_the_plain_plan(
     tables: [i64; 2],
 ) {
     let [first_table, second_of_shared] = tables;
-    let load = "SELECT mapping_id, table_id, type, column_id, source_name, target_field_id, \
-                parent_column, is_partition FROM ducklake_column_mapping \
-                JOIN ducklake_name_mapping USING (mapping_id)";
-    let order = "ORDER BY mapping_id, parent_column NULLS FIRST";
+    let (load, order) = (LOAD, LOAD_ORDER);
     for sql in [
         format!("{load} WHERE table_id = {first_table} {order}"),
         format!("{load} WHERE table_id = {second_of_shared} {order}"),

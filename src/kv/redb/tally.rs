@@ -51,20 +51,7 @@ impl Tally {
     pub(super) fn recorded(
         file: &impl ReadableTable<&'static str, &'static [u8]>,
     ) -> Result<Option<Self>, redb::Error> {
-        let read = |name: &str| -> Result<Option<Vec<u8>>, redb::Error> {
-            Ok(file.get(name)?.map(|value| value.value().to_vec()))
-        };
-        let (Some(start), Some(end), Some(unit)) = (read("start")?, read("end")?, read("unit")?)
-        else {
-            return Ok(None);
-        };
-        let unit = <[u8; 8]>::try_from(unit.as_slice())
-            .ok()
-            .and_then(|unit| usize::try_from(u64::from_le_bytes(unit)).ok());
-        Ok(unit.map(|unit| Self {
-            range: KeyRange::new(start, end),
-            unit,
-        }))
+        Ok(recorded_rule(file, "unit")?.map(|(range, unit)| Self { range, unit }))
     }
 
     /// Records `rule` in `file` (or that nothing is tallied), empties `tallies` and tallies
@@ -76,16 +63,10 @@ impl Tally {
         data: &impl ReadableTable<&'static [u8], &'static [u8]>,
     ) -> Result<(), redb::Error> {
         tallies.retain(|_, _| false)?;
+        record_rule(file, rule.map(|rule| (&rule.range, rule.unit)), "unit")?;
         let Some(rule) = rule else {
-            for name in ["start", "end", "unit"] {
-                file.remove(name)?;
-            }
             return Ok(());
         };
-        file.insert("start", rule.range.start.as_slice())?;
-        file.insert("end", rule.range.end.as_slice())?;
-        let unit = u64::try_from(rule.unit).unwrap_or(u64::MAX);
-        file.insert("unit", unit.to_le_bytes().as_slice())?;
         let mut changes = Changes::new(Some(rule.clone()));
         for item in data.range::<&[u8]>(rule.range.start.as_slice()..rule.range.end.as_slice())? {
             let (key, value) = item?;
@@ -93,6 +74,44 @@ impl Tally {
         }
         changes.apply(tallies)
     }
+}
+
+/// A rule of a range and a length, as `file` records it: keys `start`, `end` and `length`
+/// (8 bytes little-endian); `None` when any is missing.
+pub(super) fn recorded_rule(
+    file: &impl ReadableTable<&'static str, &'static [u8]>,
+    length: &str,
+) -> Result<Option<(KeyRange, usize)>, redb::Error> {
+    let read = |name: &str| -> Result<Option<Vec<u8>>, redb::Error> {
+        Ok(file.get(name)?.map(|value| value.value().to_vec()))
+    };
+    let (Some(start), Some(end), Some(len)) = (read("start")?, read("end")?, read(length)?) else {
+        return Ok(None);
+    };
+    let len = <[u8; 8]>::try_from(len.as_slice())
+        .ok()
+        .and_then(|len| usize::try_from(u64::from_le_bytes(len)).ok());
+    Ok(len.map(|len| (KeyRange::new(start, end), len)))
+}
+
+/// Records a rule of a range and a length in `file` under the keys [`recorded_rule`] reads,
+/// or removes them for `None`.
+pub(super) fn record_rule(
+    file: &mut Table<&'static str, &'static [u8]>,
+    rule: Option<(&KeyRange, usize)>,
+    length: &str,
+) -> Result<(), redb::Error> {
+    let Some((range, len)) = rule else {
+        for name in ["start", "end", length] {
+            file.remove(name)?;
+        }
+        return Ok(());
+    };
+    file.insert("start", range.start.as_slice())?;
+    file.insert("end", range.end.as_slice())?;
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    file.insert(length, len.to_le_bytes().as_slice())?;
+    Ok(())
 }
 
 /// The changes a run of writes makes to the tallies, gathered while the writes are applied

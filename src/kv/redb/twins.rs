@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 
 use redb::{ReadableTable, Table, TableDefinition};
 
+use super::tally::{record_rule, recorded_rule};
 use crate::kv::KeyRange;
 
 /// The marked prefixes; the values are empty.
@@ -57,21 +58,7 @@ impl Twins {
     pub(super) fn recorded(
         file: &impl ReadableTable<&'static str, &'static [u8]>,
     ) -> Result<Option<Self>, redb::Error> {
-        let read = |name: &str| -> Result<Option<Vec<u8>>, redb::Error> {
-            Ok(file.get(name)?.map(|value| value.value().to_vec()))
-        };
-        let (Some(start), Some(end), Some(prefix)) =
-            (read("start")?, read("end")?, read("prefix")?)
-        else {
-            return Ok(None);
-        };
-        let prefix = <[u8; 8]>::try_from(prefix.as_slice())
-            .ok()
-            .and_then(|prefix| usize::try_from(u64::from_le_bytes(prefix)).ok());
-        Ok(prefix.map(|prefix| Self {
-            range: KeyRange::new(start, end),
-            prefix,
-        }))
+        Ok(recorded_rule(file, "prefix")?.map(|(range, prefix)| Self { range, prefix }))
     }
 
     /// Records `rule` in `file` (or that nothing is marked), empties `twins` and marks
@@ -84,16 +71,10 @@ impl Twins {
         data: &impl ReadableTable<&'static [u8], &'static [u8]>,
     ) -> Result<(), redb::Error> {
         twins.retain(|_, _| false)?;
+        record_rule(file, rule.map(|rule| (&rule.range, rule.prefix)), "prefix")?;
         let Some(rule) = rule else {
-            for name in ["start", "end", "prefix"] {
-                file.remove(name)?;
-            }
             return Ok(());
         };
-        file.insert("start", rule.range.start.as_slice())?;
-        file.insert("end", rule.range.end.as_slice())?;
-        let prefix = u64::try_from(rule.prefix).unwrap_or(u64::MAX);
-        file.insert("prefix", prefix.to_le_bytes().as_slice())?;
         let mut marks = Marks::new(Some(rule.clone()));
         let mut before: Option<Vec<u8>> = None;
         for item in data.range::<&[u8]>(rule.range.start.as_slice()..rule.range.end.as_slice())? {
