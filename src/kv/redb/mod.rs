@@ -169,8 +169,10 @@ impl RedbBackend {
 
 /// Creates the tables if missing, opens the commit log in `dir` and applies, durably, the
 /// log's records that the file's durable state lacks; tallies and marks the file afresh
-/// when it records other rules than `options`. Returns the log, the sequence number of the
-/// last commit group the file holds, and how many records were applied.
+/// when it records other rules than `options`, or when its rules were not kept through every
+/// commit group it holds (a build that does not keep them applied some). Returns the log, the
+/// sequence number of the last commit group the file holds, and how many records were
+/// applied.
 fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64, usize), KvError> {
     let tally = options.tally.as_ref();
     let mut txn = db.begin_write().map_err(failed)?;
@@ -182,18 +184,22 @@ fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64
         let mut tallies = txn.open_table(tally::TALLIES).map_err(failed)?;
         let mut twin_rule = txn.open_table(twins::RULE).map_err(failed)?;
         let mut twin_marks = txn.open_table(twins::TWINS).map_err(failed)?;
-        let recorded = Tally::recorded(&rule).map_err(failed)?;
-        let same = recorded.as_ref() == tally;
-        let recorded_twins = Twins::recorded(&twin_rule).map_err(failed)?;
-        let same_twins = recorded_twins.as_ref() == options.twins.as_ref();
-        let mut changes = Derived {
-            tallies: Changes::new(recorded.filter(|_| same)),
-            marks: Marks::new(recorded_twins.filter(|_| same_twins)),
-        };
         let durable = meta
             .get(APPLIED)
             .map_err(failed)?
             .map_or(0, |seq| seq.value());
+        let kept = |file: &redb::Table<&'static str, &'static [u8]>| {
+            tally::kept_through(file).map(|through| through == Some(durable))
+        };
+        let recorded = Tally::recorded(&rule).map_err(failed)?;
+        let same = recorded.as_ref() == tally && kept(&rule).map_err(failed)?;
+        let recorded_twins = Twins::recorded(&twin_rule).map_err(failed)?;
+        let same_twins = recorded_twins.as_ref() == options.twins.as_ref()
+            && kept(&twin_rule).map_err(failed)?;
+        let mut changes = Derived {
+            tallies: Changes::new(recorded.filter(|_| same)),
+            marks: Marks::new(recorded_twins.filter(|_| same_twins)),
+        };
         let mut applied = durable;
         let mut replayed = 0;
         let log = Log::open(dir, |record| {
@@ -226,6 +232,12 @@ fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64
                 "marked the store's twin keys afresh"
             );
         }
+        if tally.is_some() {
+            tally::keep_through(&mut rule, applied).map_err(failed)?;
+        }
+        if options.twins.is_some() {
+            tally::keep_through(&mut twin_rule, applied).map_err(failed)?;
+        }
         (log, applied, replayed)
     };
     txn.commit().map_err(failed)?;
@@ -248,8 +260,15 @@ impl Derived {
         })
     }
 
-    /// Writes the changes to `txn`'s tallies and marks.
-    fn apply(self, txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    /// Writes the changes to `txn`'s tallies and marks, and that their rules were kept
+    /// through commit group `seq`.
+    fn apply(self, txn: &redb::WriteTransaction, seq: u64) -> Result<(), redb::Error> {
+        if self.tallies.kept() {
+            tally::keep_through(&mut txn.open_table(tally::RULE)?, seq)?;
+        }
+        if self.marks.kept() {
+            tally::keep_through(&mut txn.open_table(twins::RULE)?, seq)?;
+        }
         self.tallies.apply(&mut txn.open_table(tally::TALLIES)?)?;
         self.marks.apply(&mut txn.open_table(twins::TWINS)?)
     }
@@ -1017,7 +1036,7 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
             }
         }
         drop(table);
-        changes.apply(&txn)?;
+        changes.apply(&txn, seq)?;
         txn.open_table(META)?.insert(APPLIED, seq)?;
     }
     txn.set_durability(Durability::None)?;

@@ -95,14 +95,14 @@ pub(super) fn recorded_rule(
 }
 
 /// Records a rule of a range and a length in `file` under the keys [`recorded_rule`] reads,
-/// or removes them for `None`.
+/// or removes them (and the sequence number it was kept through) for `None`.
 pub(super) fn record_rule(
     file: &mut Table<&'static str, &'static [u8]>,
     rule: Option<(&KeyRange, usize)>,
     length: &str,
 ) -> Result<(), redb::Error> {
     let Some((range, len)) = rule else {
-        for name in ["start", "end", length] {
+        for name in ["start", "end", length, THROUGH] {
             file.remove(name)?;
         }
         return Ok(());
@@ -111,6 +111,31 @@ pub(super) fn record_rule(
     file.insert("end", range.end.as_slice())?;
     let len = u64::try_from(len).unwrap_or(u64::MAX);
     file.insert(length, len.to_le_bytes().as_slice())?;
+    Ok(())
+}
+
+/// Key of a rule's file under which it records the sequence number of the last commit group
+/// applied under it: what a build that keeps the rule writes with every apply, and what a
+/// build that does not (an older one) leaves behind, so that an open can tell whether every
+/// commit the file holds was applied under the rule.
+const THROUGH: &str = "through";
+
+/// The sequence number `file`'s rule was kept through, if recorded.
+pub(super) fn kept_through(
+    file: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Option<u64>, redb::Error> {
+    Ok(file
+        .get(THROUGH)?
+        .and_then(|value| <[u8; 8]>::try_from(value.value()).ok())
+        .map(u64::from_le_bytes))
+}
+
+/// Records that `file`'s rule was kept through commit group `seq`.
+pub(super) fn keep_through(
+    file: &mut Table<&'static str, &'static [u8]>,
+    seq: u64,
+) -> Result<(), redb::Error> {
+    file.insert(THROUGH, seq.to_le_bytes().as_slice())?;
     Ok(())
 }
 
@@ -133,6 +158,11 @@ impl Changes {
             current: None,
             done: BTreeMap::new(),
         }
+    }
+
+    /// Whether a rule is kept.
+    pub(super) fn kept(&self) -> bool {
+        self.rule.is_some()
     }
 
     /// A write of `key`, whose value was `before` bytes long (or absent) and is now `after`

@@ -738,7 +738,7 @@ fn after_ordered_writes(
                 }
             }
             drop(table);
-            changes.apply(&txn).expect("tallied and marked");
+            changes.apply(&txn, 0).expect("tallied and marked");
         }
         txn.commit().expect("commit");
     }
@@ -945,4 +945,51 @@ async fn twins_are_marked_however_written_and_read_back() {
     drop(backend);
     let backend = open_marked(dir.path(), Some(rule)).await;
     assert_eq!(marks(&backend.db), heads(&["rc", "re", "rf"]));
+}
+
+/// A file that a build keeping no tallies or marks wrote to after one that kept them (an
+/// upgrade, a downgrade, an upgrade again) is tallied and marked afresh when opened with
+/// the rules again: its rules were not kept through every commit group it holds.
+#[tokio::test]
+async fn a_store_written_without_its_rules_is_tallied_and_marked_afresh() {
+    let dir = tempfile::tempdir().expect("dir");
+    let options = RedbOptions {
+        tally: Some(test_tally(2)),
+        twins: Some(test_twins()),
+        ..RedbOptions::default()
+    };
+    {
+        let backend = RedbBackend::open_with(dir.path(), options.clone())
+            .await
+            .expect("open");
+        commit_all(
+            &backend,
+            vec![staged(|w| {
+                w.put(&b"ra1"[..], &b"1"[..]).put(&b"rb1"[..], &b"1"[..]);
+            })],
+        )
+        .await;
+    }
+    {
+        // What an older build's apply does: the rows and the applied sequence number only.
+        let db = Database::create(dir.path().join(FILE_NAME)).expect("db");
+        let txn = db.begin_write().expect("write");
+        {
+            let mut data = txn.open_table(DATA).expect("data");
+            data.insert(&b"rb2"[..], &b"22"[..]).expect("insert");
+            let mut meta = txn.open_table(META).expect("meta");
+            let applied = meta.get(APPLIED).expect("get").map_or(0, |seq| seq.value());
+            meta.insert(APPLIED, applied + 1).expect("applied");
+        }
+        txn.commit().expect("commit");
+    }
+    let backend = RedbBackend::open_with(dir.path(), options)
+        .await
+        .expect("reopen");
+    assert_eq!(marks(&backend.db), heads(&["rb"]));
+    assert_eq!(tallies(&backend.db), walked(&backend.db, &test_tally(2)));
+    assert_eq!(
+        tallies(&backend.db),
+        vec![(b"ra".to_vec(), 4), (b"rb".to_vec(), 4 + 5)]
+    );
 }

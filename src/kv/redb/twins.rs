@@ -104,6 +104,11 @@ impl Marks {
         }
     }
 
+    /// Whether a rule is kept.
+    pub(super) fn kept(&self) -> bool {
+        self.rule.is_some()
+    }
+
     /// Whether `key` lies where marks are kept.
     pub(super) fn watches(&self, key: &[u8]) -> bool {
         self.rule
