@@ -3,6 +3,20 @@
 
 use std::fmt;
 
+/// The least key after every key that starts with `prefix`: the prefix with its last byte
+/// below `0xff` incremented and what follows dropped; `None` when every byte is `0xff`.
+#[must_use]
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// A half-open key range `[start, end)`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyRange {

@@ -52,7 +52,7 @@
 use std::ops::RangeInclusive;
 
 use super::{CodecError, hex};
-use crate::key_range::KeyRange;
+use crate::key_range::{KeyRange, prefix_end};
 use crate::model::{DataFileId, MappingId, TableId};
 
 /// Longest deployment key prefix, in bytes.
@@ -516,13 +516,18 @@ impl Keyspace {
     /// no longer, so such a range is made of whole tables.
     #[must_use]
     pub fn table_head_len(&self) -> usize {
-        self.prefix.as_bytes().len() + 1 + 1 + 8
+        self.first_component_end()
     }
 
     /// Length of an index key's id head (prefix, subspace, kind, row id): the entries that
     /// share their first this many bytes list one row id.
     #[must_use]
     pub fn id_head_len(&self) -> usize {
+        self.first_component_end()
+    }
+
+    /// Where a key's first id ends: after the prefix, the subspace, the kind and that id.
+    fn first_component_end(&self) -> usize {
         self.prefix.as_bytes().len() + 1 + 1 + 8
     }
 
@@ -731,13 +736,7 @@ pub fn decode_i64(bytes: [u8; 8]) -> i64 {
 /// `prefix` always ends in a kind byte here, which is never `0xff`, so the successor is the
 /// prefix with its last byte incremented.
 fn range_of_prefix(prefix: Vec<u8>) -> KeyRange {
-    let mut end = prefix.clone();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            break;
-        }
-    }
+    let end = prefix_end(&prefix).unwrap_or_default();
     KeyRange::new(prefix, end)
 }
 

@@ -23,6 +23,7 @@
 //! On open, the log's records that redb's durable state lacks are applied again.
 
 mod log;
+mod rule;
 mod tally;
 mod twins;
 
@@ -180,7 +181,7 @@ fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64
     let (log, applied, replayed) = {
         let mut data = txn.open_table(DATA).map_err(failed)?;
         let mut meta = txn.open_table(META).map_err(failed)?;
-        let mut rule = txn.open_table(tally::RULE).map_err(failed)?;
+        let mut tally_rule = txn.open_table(tally::RULE).map_err(failed)?;
         let mut tallies = txn.open_table(tally::TALLIES).map_err(failed)?;
         let mut twin_rule = txn.open_table(twins::RULE).map_err(failed)?;
         let mut twin_marks = txn.open_table(twins::TWINS).map_err(failed)?;
@@ -189,10 +190,10 @@ fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64
             .map_err(failed)?
             .map_or(0, |seq| seq.value());
         let kept = |file: &redb::Table<&'static str, &'static [u8]>| {
-            tally::kept_through(file).map(|through| through == Some(durable))
+            rule::kept_through(file).map(|through| through == Some(durable))
         };
-        let recorded = Tally::recorded(&rule).map_err(failed)?;
-        let same = recorded.as_ref() == tally && kept(&rule).map_err(failed)?;
+        let recorded = Tally::recorded(&tally_rule).map_err(failed)?;
+        let same = recorded.as_ref() == tally && kept(&tally_rule).map_err(failed)?;
         let recorded_twins = Twins::recorded(&twin_rule).map_err(failed)?;
         let same_twins = recorded_twins.as_ref() == options.twins.as_ref()
             && kept(&twin_rule).map_err(failed)?;
@@ -218,7 +219,7 @@ fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64
         changes.tallies.apply(&mut tallies).map_err(failed)?;
         changes.marks.apply(&mut twin_marks).map_err(failed)?;
         if !same {
-            Tally::retally(tally, &mut rule, &mut tallies, &data).map_err(failed)?;
+            Tally::retally(tally, &mut tally_rule, &mut tallies, &data).map_err(failed)?;
             tracing::info!(
                 tallied = tally.is_some(),
                 "tallied the store's volume afresh"
@@ -233,10 +234,10 @@ fn recover(db: &Database, dir: &Path, options: &RedbOptions) -> Result<(Log, u64
             );
         }
         if tally.is_some() {
-            tally::keep_through(&mut rule, applied).map_err(failed)?;
+            rule::keep_through(&mut tally_rule, applied).map_err(failed)?;
         }
         if options.twins.is_some() {
-            tally::keep_through(&mut twin_rule, applied).map_err(failed)?;
+            rule::keep_through(&mut twin_rule, applied).map_err(failed)?;
         }
         (log, applied, replayed)
     };
@@ -264,10 +265,10 @@ impl Derived {
     /// through commit group `seq`.
     fn apply(self, txn: &redb::WriteTransaction, seq: u64) -> Result<(), redb::Error> {
         if self.tallies.kept() {
-            tally::keep_through(&mut txn.open_table(tally::RULE)?, seq)?;
+            rule::keep_through(&mut txn.open_table(tally::RULE)?, seq)?;
         }
         if self.marks.kept() {
-            tally::keep_through(&mut txn.open_table(twins::RULE)?, seq)?;
+            rule::keep_through(&mut txn.open_table(twins::RULE)?, seq)?;
         }
         self.tallies.apply(&mut txn.open_table(tally::TALLIES)?)?;
         self.marks.apply(&mut txn.open_table(twins::TWINS)?)

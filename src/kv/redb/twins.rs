@@ -20,7 +20,8 @@ use std::collections::BTreeSet;
 
 use redb::{ReadableTable, Table, TableDefinition};
 
-use super::tally::{record_rule, recorded_rule};
+use super::rule::{record_rule, recorded_rule};
+use crate::key_range::prefix_end;
 use crate::kv::KeyRange;
 
 /// The marked prefixes; the values are empty.
@@ -76,12 +77,15 @@ impl Twins {
             return Ok(());
         };
         let mut marks = Marks::new(Some(rule.clone()));
+        // The key before, in one buffer for the whole walk.
         let mut before: Option<Vec<u8>> = None;
         for item in data.range::<&[u8]>(rule.range.start.as_slice()..rule.range.end.as_slice())? {
             let (key, _) = item?;
             let key = key.value();
             marks.new_key(key, before.as_deref(), None);
-            before = Some(key.to_vec());
+            let buffer = before.get_or_insert_with(Vec::new);
+            buffer.clear();
+            buffer.extend_from_slice(key);
         }
         marks.apply(twins)
     }
@@ -177,17 +181,4 @@ pub(super) fn marked(
         out.push(item?.0.value().to_vec());
     }
     Ok(out)
-}
-
-/// The least key after every key that starts with `prefix`; `None` when there is none (the
-/// prefix is all `0xff`).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
 }
