@@ -1089,17 +1089,17 @@ fn put_in_order<'a>(
         } else {
             None
         };
+        // The stored key after the gap: the keys the run puts in go before it, so it stays
+        // the same for the whole run, and is read once (a cursor's peek seeks from the root).
+        let after: Option<Vec<u8>> = at.peek_next()?.map(|(next, _)| next.value().to_vec());
         while let Some(&(key, value)) = pairs.peek() {
             // The gap must lie right before `key`, and `key` must be new.
-            let order = {
-                let next = at.peek_next()?;
-                let after = next.as_ref().map(|(next, _)| next.value());
-                let order = after.map(|after| after.cmp(key));
-                if value.is_some() && matches!(order, Some(Greater) | None) {
-                    changes.marks.new_key(key, before.as_deref(), after);
-                }
-                order
-            };
+            let order = after.as_deref().map(|after| after.cmp(key));
+            if value.is_some() && matches!(order, Some(Greater) | None) {
+                changes
+                    .marks
+                    .new_key(key, before.as_deref(), after.as_deref());
+            }
             match order {
                 Some(Less) => break,
                 Some(Equal) => {
