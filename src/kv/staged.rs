@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::mem;
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -200,12 +201,13 @@ fn in_bounds(key: &[u8], (start, end): (Bound<&[u8]>, Bound<&[u8]>)) -> bool {
     after_start && before_end
 }
 
-/// The first 24 bytes of `key` as big-endian words, padded with zeros: where two keys' heads
-/// differ, the keys order as their heads do (a key that is a prefix of another pads with the
-/// least byte); where they are equal, the whole keys decide.
-fn head(key: &[u8]) -> [u64; 3] {
+/// The 24 bytes of `key` from `skip` on as big-endian words, padded with zeros: among keys
+/// that share their first `skip` bytes, where two keys' heads differ, the keys order as their
+/// heads do (a key that is a prefix of another pads with the least byte); where they are
+/// equal, the whole keys decide.
+fn head(key: &[u8], skip: usize) -> [u64; 3] {
     let mut bytes = [0_u8; 24];
-    for (to, from) in bytes.iter_mut().zip(key) {
+    for (to, from) in bytes.iter_mut().zip(key.get(skip..).unwrap_or_default()) {
         *to = *from;
     }
     let mut words = [0_u64; 3];
@@ -215,6 +217,26 @@ fn head(key: &[u8]) -> [u64; 3] {
         *word = u64::from_be_bytes(eight);
     }
     words
+}
+
+/// How many first bytes all of `keys` share.
+fn shared_prefix<'a>(mut keys: impl Iterator<Item = &'a [u8]>) -> usize {
+    let Some(first) = keys.next() else {
+        return 0;
+    };
+    let mut shared = first.len();
+    for key in keys {
+        if shared == 0 {
+            break;
+        }
+        shared = first
+            .iter()
+            .zip(key)
+            .take(shared)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    shared
 }
 
 /// The key at position `at` of `entries` (none past the end).
@@ -241,14 +263,90 @@ fn merge_positions(entries: &Entries, old: &[usize], fresh: Vec<usize>) -> Vec<u
     merged
 }
 
-/// The positions `at` of `entries`, in the order of their keys. The sort compares the keys'
+/// The positions `at` of `entries`, in the order of their keys. The sort orders the keys'
 /// heads, held beside their positions, and reads a key itself only where two heads are equal,
-/// so it runs in cache rather than through the map.
-fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize>) -> Vec<usize> {
+/// so it runs in cache rather than through the map. The heads start after the prefix every
+/// key shares (the deployment's key prefix, at least): from there a row key's 24 bytes hold
+/// its kind, its table and its id, and two keys' heads are almost never equal.
+fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize> + Clone) -> Vec<usize> {
     let key = |at: usize| key_at(entries, at);
-    let mut heads: Vec<([u64; 3], usize)> = at.map(|at| (head(key(at)), at)).collect();
-    heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
+    let skip = shared_prefix(at.clone().map(key));
+    let mut heads: Vec<Head> = at.map(|at| (head(key(at), skip), at)).collect();
+    if heads.len() < RADIX_FROM {
+        heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
+    } else {
+        heads = radix_sorted(heads);
+        // Equal heads keep the order they were staged in: their keys decide.
+        for run in heads.chunk_by_mut(|a, b| a.0 == b.0) {
+            if run.len() > 1 {
+                run.sort_unstable_by(|a, b| cmp_keys(key(a.1), key(b.1)));
+            }
+        }
+    }
     heads.into_iter().map(|(_, at)| at).collect()
+}
+
+/// A key's head and its position among the staged keys.
+type Head = ([u64; 3], usize);
+
+/// From how many keys a seal sorts their heads by radix rather than by comparison.
+const RADIX_FROM: usize = 2_048;
+
+/// `heads` in the order of their heads, equal heads in the order given: a stable counting
+/// sort per byte, least significant byte first, over only the bytes in which some two heads
+/// differ. A transaction's keys share most of their head bytes (the kinds are few, the
+/// tables' and the ids' high bytes are zero), so a sort of millions of keys takes about ten
+/// passes over them, where a comparison sort takes twenty-odd comparisons of each.
+fn radix_sorted(heads: Vec<Head>) -> Vec<Head> {
+    let Some(&(first, _)) = heads.first() else {
+        return heads;
+    };
+    let mut varying = [0_u64; 3];
+    for (head, _) in &heads {
+        for (bits, (word, first)) in varying.iter_mut().zip(head.iter().zip(first)) {
+            *bits |= word ^ first;
+        }
+    }
+    let mut from = heads;
+    let mut to: Vec<Head> = vec![([0; 3], 0); from.len()];
+    for (word, bits) in varying.iter().enumerate().rev() {
+        for shift in (0..64)
+            .step_by(8)
+            .filter(|shift| (bits >> shift) & 0xff != 0)
+        {
+            let digit = |&[first, second, third]: &[u64; 3]| {
+                let word = match word {
+                    0 => first,
+                    1 => second,
+                    _ => third,
+                };
+                let [.., low] = (word >> shift).to_be_bytes();
+                usize::from(low)
+            };
+            let mut next = [0_usize; 256];
+            for (head, _) in &from {
+                if let Some(count) = next.get_mut(digit(head)) {
+                    *count += 1;
+                }
+            }
+            let mut start = 0;
+            for slot in &mut next {
+                let count = *slot;
+                *slot = start;
+                start += count;
+            }
+            for item in &from {
+                if let Some(at) = next.get_mut(digit(&item.0)) {
+                    if let Some(slot) = to.get_mut(*at) {
+                        *slot = *item;
+                    }
+                    *at += 1;
+                }
+            }
+            mem::swap(&mut from, &mut to);
+        }
+    }
+    from
 }
 
 /// The staged keys, hashed: a staged change finds its key in one probe, however many keys

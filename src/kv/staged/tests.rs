@@ -106,18 +106,63 @@ fn written_leaves_out_requirements() {
 }
 
 proptest::proptest! {
-    /// Keys compared a word at a time order exactly as their bytes do, at every length.
+    /// Keys compared a word at a time order exactly as their bytes do, at every length; so
+    /// do their heads past the prefix they share, where the heads differ.
     #[test]
     fn keys_order_as_their_bytes(
+        prefix in proptest::collection::vec(0_u8..4, 0..12),
         a in proptest::collection::vec(0_u8..4, 0..40),
         b in proptest::collection::vec(0_u8..4, 0..40),
     ) {
+        let (a, b) = ([prefix.as_slice(), &a].concat(), [prefix.as_slice(), &b].concat());
         proptest::prop_assert_eq!(cmp_keys(&a, &b), a.cmp(&b));
+        let skip = shared_prefix([a.as_slice(), &b].into_iter());
+        let naive = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+        proptest::prop_assert_eq!(skip, naive);
         // Heads that differ order as the keys do; equal heads leave it to the keys.
-        let (x, y) = (head(&a), head(&b));
-        if x != y {
-            proptest::prop_assert_eq!(x.cmp(&y), a.cmp(&b));
+        for skip in [0, skip] {
+            let (x, y) = (head(&a, skip), head(&b, skip));
+            if x != y {
+                proptest::prop_assert_eq!(x.cmp(&y), a.cmp(&b));
+            }
         }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Enough keys for the seal to sort them by radix come out in key order: keys that share
+    /// a prefix, keys whose heads are equal and only their tails differ, keys that are a
+    /// prefix of others, and keys staged again or taken back.
+    #[test]
+    fn many_keys_seal_in_key_order(
+        prefix in proptest::collection::vec(0_u8..3, 0..12),
+        keys in proptest::collection::vec(
+            (proptest::collection::vec(0_u8..3, 0..30), 0_u8..4),
+            RADIX_FROM..RADIX_FROM + 600,
+        ),
+        taken_back in 0_usize..200,
+    ) {
+        let mut staged = StagedWrites::new();
+        let mut expected = std::collections::BTreeSet::new();
+        let kept = keys.len().saturating_sub(taken_back);
+        let (first, last) = keys.split_at(kept);
+        for (tail, value) in first {
+            let key = [prefix.as_slice(), tail].concat();
+            staged.put(Bytes::from(key.clone()), Bytes::from(vec![*value]), &mut Undo::off())
+                .expect("put");
+            expected.insert(key);
+        }
+        let mut undo = Undo::new();
+        for (tail, value) in last {
+            let key = [prefix.as_slice(), tail].concat();
+            staged.put(Bytes::from(key), Bytes::from(vec![*value]), &mut undo).expect("put");
+        }
+        staged.undo(undo);
+        staged.seal();
+        let sealed: Vec<Vec<u8>> = staged.iter().map(|(key, _)| key.to_vec()).collect();
+        proptest::prop_assert_eq!(sealed, expected.into_iter().collect::<Vec<_>>());
     }
 }
 
