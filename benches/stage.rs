@@ -5,7 +5,8 @@
 //!
 //! `cargo bench --bench stage`. With `MORAINE_STAGE_ONCE=1` the binary stages the load once
 //! and exits, for `valgrind --tool=callgrind`, whose instruction counts do not depend on what
-//! else the machine is doing.
+//! else the machine is doing; `MORAINE_STAGE_MAPPINGS` sets how many mappings the load has
+//! (20,000 by default), to see how the cost per row grows with a transaction's size.
 #![allow(missing_docs, reason = "benchmark binary")]
 
 use criterion::{Criterion, Throughput, criterion_group};
@@ -16,21 +17,29 @@ use moraine::model::{ColumnMappingRow, DataFileRow, NameMappingRow};
 use moraine::write::stage::Staging;
 use moraine::write::{Insert, Op};
 
+/// Mappings in the load, unless `MORAINE_STAGE_MAPPINGS` says otherwise.
 const MAPPINGS: i64 = 20_000;
 /// Rows per request, about what an ingest of 4 MiB batches sends.
 const REQUEST_ROWS: usize = 8_192;
 
 /// The load's requests: column mappings of 64 tables, 12 name rows each (a nested column,
 /// partition columns), one data file each, ids from one counter as DuckLake allots them.
+fn load_mappings() -> i64 {
+    std::env::var("MORAINE_STAGE_MAPPINGS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(MAPPINGS)
+}
+
 fn requests() -> Vec<Op> {
-    let mappings: Vec<ColumnMappingRow> = (0..MAPPINGS)
+    let mappings: Vec<ColumnMappingRow> = (0..load_mappings())
         .map(|i| ColumnMappingRow {
             mapping_id: Some(2 * i),
             table_id: Some(1 + i % 64),
             map_type: Some("map_by_name".into()),
         })
         .collect();
-    let names: Vec<NameMappingRow> = (0..MAPPINGS)
+    let names: Vec<NameMappingRow> = (0..load_mappings())
         .flat_map(|i| {
             (0..12_i64).map(move |c| NameMappingRow {
                 mapping_id: Some(2 * i),
@@ -42,7 +51,7 @@ fn requests() -> Vec<Op> {
             })
         })
         .collect();
-    let files: Vec<DataFileRow> = (0..MAPPINGS)
+    let files: Vec<DataFileRow> = (0..load_mappings())
         .map(|i| DataFileRow {
             data_file_id: Some(2 * i + 1),
             table_id: Some(1 + i % 64),
@@ -86,7 +95,7 @@ async fn stage(catalog: &Catalog, ops: &[Op]) -> usize {
         staging.end_request(true);
     }
     let (writes, _, summary) = staging.into_writes().expect("nothing pending");
-    assert_eq!(summary.mappings_created, MAPPINGS.unsigned_abs());
+    assert_eq!(summary.mappings_created, load_mappings().unsigned_abs());
     writes.len()
 }
 
@@ -121,7 +130,9 @@ fn main() {
             .expect("runtime");
         let catalog = Catalog::new(Store::memory(), Keyspace::default());
         let ops = requests();
-        println!("{} keys", runtime.block_on(stage(&catalog, &ops)));
+        let started = std::time::Instant::now();
+        let keys = runtime.block_on(stage(&catalog, &ops));
+        println!("{keys} keys staged in {:?}", started.elapsed());
         return;
     }
     benches();

@@ -68,26 +68,13 @@ fn low_byte(value: u64) -> u8 {
     (value & 0x7f) as u8
 }
 
-fn varint_len(value: u64) -> usize {
-    // One byte per started group of seven bits.
-    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
-}
-
 fn put_key(out: &mut Vec<u8>, field: u64, wire: u64) {
     put_varint(out, (field << 3) | wire);
-}
-
-fn key_len(field: u64) -> usize {
-    varint_len(field << 3)
 }
 
 fn put_int(out: &mut Vec<u8>, field: u64, value: i64) {
     put_key(out, field, VARINT);
     put_varint(out, value.cast_unsigned());
-}
-
-fn int_len(field: u64, value: i64) -> usize {
-    key_len(field) + varint_len(value.cast_unsigned())
 }
 
 fn put_bool(out: &mut Vec<u8>, field: u64, value: bool) {
@@ -99,10 +86,6 @@ fn put_bytes(out: &mut Vec<u8>, field: u64, value: &[u8]) {
     put_key(out, field, LEN);
     put_varint(out, value.len() as u64);
     out.extend_from_slice(value);
-}
-
-fn bytes_len(field: u64, len: usize) -> usize {
-    key_len(field) + varint_len(len as u64) + len
 }
 
 /// Starts a value: the version byte. Returns where the value starts.
@@ -145,29 +128,14 @@ pub struct NameRef<'a> {
 }
 
 impl NameRef<'_> {
-    fn body_len(&self) -> usize {
-        let mut len = 0;
-        if self.column_id != 0 {
-            len += int_len(1, self.column_id);
-        }
-        if !self.source_name.is_empty() {
-            len += bytes_len(2, self.source_name.len());
-        }
-        if self.target_field_id != 0 {
-            len += int_len(3, self.target_field_id);
-        }
-        if let Some(parent) = self.parent_column {
-            len += int_len(4, parent);
-        }
-        if self.is_partition {
-            len += 2;
-        }
-        len
-    }
-
     fn put(&self, out: &mut Vec<u8>) {
         put_key(out, 4, LEN);
-        put_varint(out, self.body_len() as u64);
+        // The body's length goes before it. It is one byte for any body under 128 bytes (a
+        // name row with a source name of up to about 90 bytes): that byte is held open and
+        // filled in after, and a longer body makes room for its length then, so the row's
+        // fields are not measured first.
+        let at = out.len();
+        out.push(0);
         if self.column_id != 0 {
             put_int(out, 1, self.column_id);
         }
@@ -182,6 +150,14 @@ impl NameRef<'_> {
         }
         if self.is_partition {
             put_bool(out, 5, true);
+        }
+        let body = out.len() - at - 1;
+        if let (Ok(len @ 0..0x80), Some(slot)) = (u8::try_from(body), out.get_mut(at)) {
+            *slot = len;
+        } else {
+            let mut len = Vec::with_capacity(10);
+            put_varint(&mut len, body as u64);
+            out.splice(at..=at, len);
         }
     }
 }

@@ -6,6 +6,8 @@
 
 use std::collections::BTreeSet;
 
+use datafusion::arrow::array::{Array as _, BooleanArray, Int64Array, StringArray};
+
 use crate::batch::Columns;
 use crate::batch::name_mapping::{
     COLUMN_ID, IS_PARTITION, MAPPING_ID, PARENT_COLUMN, SOURCE_NAME, TARGET_FIELD_ID,
@@ -50,28 +52,71 @@ impl OwnedName {
     }
 }
 
-/// Row `row` of a canonical name batch whose key columns are known not to be NULL.
-pub(crate) fn name_at<'a>(rows: &Columns<'a>, row: usize) -> NameRef<'a> {
-    NameRef {
-        column_id: rows.int(COLUMN_ID, row).unwrap_or_default(),
-        source_name: rows.text(SOURCE_NAME, row).unwrap_or_default(),
-        target_field_id: rows.int(TARGET_FIELD_ID, row).unwrap_or_default(),
-        parent_column: rows.int(PARENT_COLUMN, row),
-        is_partition: rows.boolean(IS_PARTITION, row).unwrap_or_default(),
+/// The columns of a canonical name batch, each taken once: a row is read from them without
+/// a type check per value. Rows whose key columns are NULL read as 0 there; callers read
+/// only rows they checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NameColumns<'a> {
+    mapping_id: &'a [i64],
+    column_id: &'a [i64],
+    source_name: &'a StringArray,
+    target_field_id: &'a [i64],
+    parent_column: &'a Int64Array,
+    is_partition: &'a BooleanArray,
+}
+
+impl<'a> NameColumns<'a> {
+    /// The columns of `rows`; `None` when they are not a name batch's.
+    pub(crate) fn new(rows: &Columns<'a>) -> Option<Self> {
+        Some(Self {
+            mapping_id: rows.int_array(MAPPING_ID)?.values(),
+            column_id: rows.int_array(COLUMN_ID)?.values(),
+            source_name: rows.text_array(SOURCE_NAME)?,
+            target_field_id: rows.int_array(TARGET_FIELD_ID)?.values(),
+            parent_column: rows.int_array(PARENT_COLUMN)?,
+            is_partition: rows.boolean_array(IS_PARTITION)?,
+        })
+    }
+
+    /// `mapping_id` of row `row`.
+    #[inline]
+    pub(crate) fn mapping_id(&self, row: usize) -> i64 {
+        self.mapping_id.get(row).copied().unwrap_or_default()
+    }
+
+    /// `(mapping_id, column_id)` of row `row`: the order a record keeps its name rows in.
+    #[inline]
+    fn key(&self, row: usize) -> (i64, i64) {
+        (
+            self.mapping_id(row),
+            self.column_id.get(row).copied().unwrap_or_default(),
+        )
+    }
+
+    /// Row `row`, whose key columns are known not to be NULL.
+    #[inline]
+    pub(crate) fn at(&self, row: usize) -> NameRef<'a> {
+        let inside = |len: usize| row < len;
+        NameRef {
+            column_id: self.column_id.get(row).copied().unwrap_or_default(),
+            source_name: if inside(self.source_name.len()) {
+                self.source_name.value(row)
+            } else {
+                ""
+            },
+            target_field_id: self.target_field_id.get(row).copied().unwrap_or_default(),
+            parent_column: (inside(self.parent_column.len()) && self.parent_column.is_valid(row))
+                .then(|| self.parent_column.value(row)),
+            is_partition: inside(self.is_partition.len()) && self.is_partition.value(row),
+        }
     }
 }
 
 /// The rows of `valid` grouped by `mapping_id`, each group in `column_id` order: the row
 /// indices sorted by `(mapping_id, column_id)`, ties in arrival order. Rows that arrive
 /// grouped and ordered (as DuckLake writes them) are not sorted again.
-pub(crate) fn grouped(rows: &Columns<'_>, valid: &[u32]) -> Vec<u32> {
-    let key = |row: u32| {
-        let row = row as usize;
-        (
-            rows.int(MAPPING_ID, row).unwrap_or_default(),
-            rows.int(COLUMN_ID, row).unwrap_or_default(),
-        )
-    };
+pub(crate) fn grouped(rows: &NameColumns<'_>, valid: &[u32]) -> Vec<u32> {
+    let key = |row: u32| rows.key(row as usize);
     let mut order = valid.to_vec();
     if !order.windows(2).all(|w| match w {
         [a, b] => key(*a) <= key(*b),

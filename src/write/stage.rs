@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 use foldhash::fast::RandomState;
 use futures::StreamExt as _;
 
-use super::fold::{self, OwnedName};
+use super::fold::{self, NameColumns, OwnedName};
 use super::{Delete, EndTarget, Hold, Insert, Op, Update};
 use crate::batch::Columns;
 use crate::batch::{column_mapping, data_file, name_mapping};
@@ -853,23 +853,23 @@ impl Staging {
                 }
             }
         }
-        let order = fold::grouped(&rows, &valid);
+        let names = NameColumns::new(&rows).ok_or_else(|| Error::BadRows {
+            table: CatalogTable::NameMapping,
+            problem: "not the columns of ducklake_name_mapping".into(),
+        })?;
+        let order = fold::grouped(&names, &valid);
         let mut group: Vec<NameRef<'_>> = Vec::new();
         let mut rest = order.as_slice();
         while let Some(&head) = rest.first() {
-            let mapping_id = rows
-                .int(name_mapping::MAPPING_ID, head as usize)
-                .unwrap_or_default();
+            let mapping_id = names.mapping_id(head as usize);
             let len = rest
                 .iter()
-                .take_while(|&&row| {
-                    rows.int(name_mapping::MAPPING_ID, row as usize) == Some(mapping_id)
-                })
+                .take_while(|&&row| names.mapping_id(row as usize) == mapping_id)
                 .count();
             let (run, tail) = rest.split_at(len);
             rest = tail;
             group.clear();
-            group.extend(run.iter().map(|&row| fold::name_at(&rows, row as usize)));
+            group.extend(run.iter().map(|&row| names.at(row as usize)));
             self.attach(mapping_id, &group, violations)?;
         }
         Ok(rows.len() as u64)

@@ -140,10 +140,12 @@ fn a_record_of_the_wrong_kind_is_malformed_not_a_panic() {
     ));
 }
 
+/// A name row; some have a source name long enough that the row's body takes a length of
+/// two bytes or more.
 fn any_name() -> impl Strategy<Value = NameMapping> {
     (
         any::<i64>(),
-        ".{0,12}",
+        prop_oneof![4 => ".{0,12}", 1 => ".{100,700}"],
         any::<i64>(),
         proptest::option::of(any::<i64>()),
         any::<bool>(),
@@ -438,7 +440,7 @@ proptest! {
 }
 
 /// Varints are protobuf's: seven bits a byte, low groups first, the high bit set on every
-/// byte but the last; as long as `varint_len` says, and read back as written.
+/// byte but the last; read back as written.
 #[test]
 fn varints_are_written_as_protobuf_writes_them() {
     let cases: [(u64, &[u8]); 6] = [
@@ -459,7 +461,6 @@ fn varints_are_written_as_protobuf_writes_them() {
         let mut out = vec![0xee];
         put_varint(&mut out, value);
         assert_eq!(&out[1..], expected, "{value:#x}");
-        assert_eq!(varint_len(value), expected.len(), "{value:#x}");
         assert_eq!(varint_at(&out[1..]), Some((value, &[][..])), "{value:#x}");
     }
 }
