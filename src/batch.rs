@@ -498,6 +498,12 @@ enum Typed<'a> {
     Boolean(&'a BooleanArray),
 }
 
+/// Whether `array` has a row `row` and holds a value (not NULL) there.
+#[inline]
+pub(crate) fn holds(array: &impl Array, row: usize) -> bool {
+    row < array.len() && array.is_valid(row)
+}
+
 /// Typed, borrowed access to the columns of a canonical batch: each column is downcast once,
 /// when the batch is taken, not once per value.
 #[derive(Debug, Clone)]
@@ -580,7 +586,7 @@ impl<'a> Columns<'a> {
     #[inline]
     pub fn int(&self, i: usize, row: usize) -> Option<i64> {
         match self.columns.get(i)? {
-            Typed::BigInt(a) if row < a.len() && a.is_valid(row) => Some(a.value(row)),
+            Typed::BigInt(a) if holds(*a, row) => Some(a.value(row)),
             _ => None,
         }
     }
@@ -602,7 +608,7 @@ impl<'a> Columns<'a> {
     #[inline]
     pub fn text(&self, i: usize, row: usize) -> Option<&'a str> {
         match self.columns.get(i)? {
-            Typed::Varchar(a) if row < a.len() && a.is_valid(row) => Some(a.value(row)),
+            Typed::Varchar(a) if holds(*a, row) => Some(a.value(row)),
             _ => None,
         }
     }
@@ -612,7 +618,7 @@ impl<'a> Columns<'a> {
     #[inline]
     pub fn boolean(&self, i: usize, row: usize) -> Option<bool> {
         match self.columns.get(i)? {
-            Typed::Boolean(a) if row < a.len() && a.is_valid(row) => Some(a.value(row)),
+            Typed::Boolean(a) if holds(*a, row) => Some(a.value(row)),
             _ => None,
         }
     }
@@ -622,15 +628,9 @@ impl<'a> Columns<'a> {
     #[inline]
     pub fn cell(&self, i: usize, row: usize) -> Cell<'a> {
         match self.columns.get(i) {
-            Some(Typed::BigInt(a)) if row < a.len() && a.is_valid(row) => {
-                Cell::BigInt(a.value(row))
-            }
-            Some(Typed::Varchar(a)) if row < a.len() && a.is_valid(row) => {
-                Cell::Varchar(a.value(row))
-            }
-            Some(Typed::Boolean(a)) if row < a.len() && a.is_valid(row) => {
-                Cell::Boolean(a.value(row))
-            }
+            Some(Typed::BigInt(a)) if holds(*a, row) => Cell::BigInt(a.value(row)),
+            Some(Typed::Varchar(a)) if holds(*a, row) => Cell::Varchar(a.value(row)),
+            Some(Typed::Boolean(a)) if holds(*a, row) => Cell::Boolean(a.value(row)),
             _ => Cell::Null,
         }
     }

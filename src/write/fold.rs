@@ -6,12 +6,12 @@
 
 use std::collections::BTreeSet;
 
-use datafusion::arrow::array::{Array as _, BooleanArray, Int64Array, StringArray};
+use datafusion::arrow::array::{BooleanArray, Int64Array, StringArray};
 
-use crate::batch::Columns;
 use crate::batch::name_mapping::{
     COLUMN_ID, IS_PARTITION, MAPPING_ID, PARENT_COLUMN, SOURCE_NAME, TARGET_FIELD_ID,
 };
+use crate::batch::{Columns, holds};
 use crate::codec::NameRef;
 use crate::model::Violation;
 
@@ -96,18 +96,16 @@ impl<'a> NameColumns<'a> {
     /// Row `row`, whose key columns are known not to be NULL.
     #[inline]
     pub(crate) fn at(&self, row: usize) -> NameRef<'a> {
-        let inside = |len: usize| row < len;
         NameRef {
             column_id: self.column_id.get(row).copied().unwrap_or_default(),
-            source_name: if inside(self.source_name.len()) {
+            source_name: if holds(self.source_name, row) {
                 self.source_name.value(row)
             } else {
                 ""
             },
             target_field_id: self.target_field_id.get(row).copied().unwrap_or_default(),
-            parent_column: (inside(self.parent_column.len()) && self.parent_column.is_valid(row))
-                .then(|| self.parent_column.value(row)),
-            is_partition: inside(self.is_partition.len()) && self.is_partition.value(row),
+            parent_column: holds(self.parent_column, row).then(|| self.parent_column.value(row)),
+            is_partition: holds(self.is_partition, row) && self.is_partition.value(row),
         }
     }
 }
