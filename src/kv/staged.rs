@@ -10,9 +10,8 @@ use std::mem;
 use std::ops::Bound;
 
 use bytes::Bytes;
-use indexmap::IndexMap;
-use indexmap::map::Entry;
 
+use self::slots::{Entry, Slots};
 use super::digest::{Digest, Digester};
 use super::write_set::Mutation;
 use super::{Conflict, KeyRange, KvError, StoreLimits};
@@ -104,7 +103,9 @@ enum Step {
 #[derive(Debug)]
 #[must_use = "an undo log does nothing unless it is applied or dropped on purpose"]
 pub struct Undo {
-    previous: Vec<(Bytes, Staged)>,
+    /// The previous states of keys staged before the change, by position (a key keeps its
+    /// position while it is staged, and only the keys a change created are taken out).
+    previous: Vec<(usize, Staged)>,
     /// The position of the first key the change created, if it created one.
     created_from: Option<usize>,
     /// How many range requirements there were before the first one this change added.
@@ -153,10 +154,10 @@ impl Undo {
     }
 
     /// The key at position `at` held `previous` before it was changed.
-    fn changed(&mut self, at: usize, key: &Bytes, previous: Staged) {
+    fn changed(&mut self, at: usize, previous: Staged) {
         // A key this change created goes back by the truncation, whatever it holds since.
         if self.recording && self.created_from.is_none_or(|from| at < from) {
-            self.previous.push((key.clone(), previous));
+            self.previous.push((at, previous));
         }
     }
 
@@ -352,7 +353,7 @@ fn radix_sorted(heads: Vec<Head>) -> Vec<Head> {
 /// The staged keys, hashed: a staged change finds its key in one probe, however many keys
 /// the transaction holds. (An ordered map costs a descent through a tree of cache misses per
 /// change, which was most of a bulk load's staging.)
-type Entries = IndexMap<Bytes, Staged, foldhash::fast::RandomState>;
+type Entries = Slots<Staged>;
 
 /// The staged writes of one transaction: one [`Staged`] per key.
 ///
@@ -547,6 +548,12 @@ impl StagedWrites {
                 .ranges
                 .iter()
                 .any(|required| self.written_in(&required.range).next().is_some())
+    }
+
+    /// Makes room for `additional` more keys at once, so that a batch known to stage that
+    /// many grows the table once rather than a doubling at a time.
+    pub fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
     }
 
     /// Keys touched.
@@ -768,7 +775,7 @@ impl StagedWrites {
                 let previous = std::mem::replace(slot.get_mut(), next);
                 self.bytes -= previous.bytes(slot.key());
                 self.bytes += slot.get().bytes(slot.key());
-                undo.changed(at, slot.key(), previous);
+                undo.changed(at, previous);
                 (prior, at)
             }
         }
@@ -786,7 +793,7 @@ impl StagedWrites {
         undo: &mut Undo,
         rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
     ) -> Result<bool, E> {
-        match self.entries.get_index_of(key) {
+        match self.entries.index_of(key) {
             Some(at) => self.rewrite_at(at, undo, rewrite),
             None => Ok(false),
         }
@@ -805,7 +812,7 @@ impl StagedWrites {
         undo: &mut Undo,
         rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
     ) -> Result<bool, E> {
-        let Some((stored_key, staged)) = self.entries.get_index_mut(at) else {
+        let Some((_, staged)) = self.entries.get_index_mut(at) else {
             return Ok(false);
         };
         let Some(Some(old)) = &staged.write else {
@@ -820,7 +827,7 @@ impl StagedWrites {
             write: staged.write.replace(Some(new)),
         };
         self.bytes = self.bytes - old_len + new_len;
-        undo.changed(at, stored_key, previous);
+        undo.changed(at, previous);
         Ok(true)
     }
 
@@ -874,22 +881,18 @@ impl StagedWrites {
         }
         // The keys staged before the change, newest change first so that a key changed twice
         // ends as it was before the first; then the keys it created, from the end.
-        for (key, previous) in undo.previous.into_iter().rev() {
-            self.bytes += previous.bytes(&key);
-            match self.entries.get_mut(key.as_ref()) {
-                Some(now) => {
-                    let now = std::mem::replace(now, previous);
-                    self.bytes -= now.bytes(&key);
-                }
-                None => {
-                    self.entries.insert(key, previous);
-                }
+        for (at, previous) in undo.previous.into_iter().rev() {
+            if let Some((key, now)) = self.entries.get_index_mut(at) {
+                self.bytes += previous.bytes(key);
+                let now = std::mem::replace(now, previous);
+                self.bytes -= now.bytes(key);
             }
         }
         if let Some(from) = undo.created_from {
-            for (key, now) in self.entries.drain(from..) {
-                self.bytes -= now.bytes(&key);
-            }
+            let mut removed = 0;
+            self.entries
+                .truncate(from, |key, now| removed += now.bytes(&key));
+            self.bytes -= removed;
             self.unseal_from(from);
         }
     }
@@ -955,7 +958,7 @@ impl StagedWrites {
                 let previous = std::mem::replace(slot.get_mut(), next);
                 self.bytes -= previous.bytes(slot.key());
                 self.bytes += slot.get().bytes(slot.key());
-                undo.changed(slot.index(), slot.key(), previous);
+                undo.changed(slot.index(), previous);
             }
         }
         Ok(())
@@ -975,7 +978,7 @@ impl StagedWrites {
                 max_bytes: limits.max_write_set_bytes,
             });
         }
-        for (key, staged) in &self.entries {
+        for (key, staged) in self.entries.iter() {
             if key.len() > limits.max_key_bytes {
                 return Err(KvError::KeyTooLarge {
                     len: key.len(),
@@ -1042,5 +1045,6 @@ impl StagedWrites {
     }
 }
 
+mod slots;
 #[cfg(test)]
 mod tests;

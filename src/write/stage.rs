@@ -36,9 +36,10 @@ use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, Staged
 use crate::model::Violation;
 use crate::model::{CatalogTable, Cell, TableId};
 
-/// Bytes of bookkeeping per staged key beyond its key and value: the hash map's entry (the
-/// hash, the key's buffer handle and its state, 104 bytes) and index slot, the key's position
-/// in the key order, and the slack the map's doubling leaves on average.
+/// Bytes of bookkeeping per staged key beyond its key and value: its entry (the key's buffer
+/// handle and its state, 88 bytes), its hash table slot (16 bytes, up to twice over in a table
+/// that has just doubled), its position in the key order (8), and the seal's sort buffers
+/// while a commit sorts it.
 const BYTES_PER_KEY: usize = 160;
 /// Bytes of bookkeeping per inserted data file (its mapping reference) and per inserted
 /// mapping (the id map).
@@ -360,8 +361,6 @@ impl Staging {
         }
     }
 
-    /// The staged writes to change, the undo log, the arena and the keyspace, borrowed
-    /// together.
     /// The key of row `(kind, table_id, id)` and its index entry, built in the arena: what
     /// inserting or deleting the row writes.
     fn row_and_index(&mut self, kind: Kind, table_id: TableId, id: i64) -> IndexedRow {
@@ -382,6 +381,8 @@ impl Staging {
         }
     }
 
+    /// The staged writes to change, the undo log, the arena and the keyspace, borrowed
+    /// together.
     fn parts(&mut self) -> (&mut StagedWrites, &mut Undo, &mut Arena, &Keyspace) {
         (
             Arc::make_mut(&mut self.writes),
@@ -729,6 +730,8 @@ impl Staging {
         }
         self.guard_inserts(Kind::Mapping, candidates.iter().map(|(_, table, _)| *table))
             .await?;
+        // A record and an index entry per mapping, and the mapping held as inserted.
+        self.reserve(2 * candidates.len(), candidates.len(), candidates.len());
         // Does the snapshot hold the keys? One index span (what the staged writes decide is
         // looked at once per key, when it is inserted).
         let keyspace = self.base.keyspace().clone();
@@ -795,8 +798,9 @@ impl Staging {
                 }
             }
             writes.insert(row.index_key, row.index_value, undo)?;
-            self.set_inserted_id(mapping_id, table_id, at);
-            self.set_unnamed((table_id, mapping_id), !has_names);
+            if !self.set_inserted_id(mapping_id, table_id, at, has_names) {
+                self.set_unnamed((table_id, mapping_id), !has_names);
+            }
             self.set_missing_parents((table_id, mapping_id), pending);
             self.summary.mappings_created += 1;
         }
@@ -977,6 +981,8 @@ impl Staging {
             candidates.iter().map(|(_, _, table)| *table),
         )
         .await?;
+        // A record and an index entry per file.
+        self.reserve(2 * candidates.len(), 0, 0);
         let keyspace = self.base.keyspace().clone();
         let (in_base, found) = self.files_in_base(&rows, &candidates).await?;
         let mut key = Vec::new();
@@ -1379,14 +1385,30 @@ impl Staging {
             .is_some_and(|inserted| inserted.table_id == table_id)
     }
 
-    fn set_inserted_id(&mut self, id: i64, table_id: i64, at: usize) {
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.inserted_ids.entry(id) {
-            slot.insert(Inserted {
-                table_id,
-                named: true,
-                at,
-            });
-            self.record(Change::InsertedId { id, previous: None });
+    /// Holds mapping `id` of `table_id`, staged at `at`, as inserted by the transaction, with
+    /// or without a name row, unless its id is held already; returns whether it was held now.
+    fn set_inserted_id(&mut self, id: i64, table_id: i64, at: usize, named: bool) -> bool {
+        let std::collections::hash_map::Entry::Vacant(slot) = self.inserted_ids.entry(id) else {
+            return false;
+        };
+        slot.insert(Inserted {
+            table_id,
+            named,
+            at,
+        });
+        self.record(Change::InsertedId { id, previous: None });
+        true
+    }
+
+    /// Makes room for `keys` more staged keys, `mappings` more inserted mappings and `changes`
+    /// more changes of the open request, in one step each: a batch's rows are known before
+    /// they are staged, and growing a large table or vector a doubling at a time copies it
+    /// each time into fresh memory.
+    fn reserve(&mut self, keys: usize, mappings: usize, changes: usize) {
+        Arc::make_mut(&mut self.writes).reserve(keys);
+        self.inserted_ids.reserve(mappings);
+        if let Some(journal) = self.journal.as_mut() {
+            journal.changes.reserve(changes);
         }
     }
 
