@@ -65,22 +65,27 @@ impl<V> Occupied<'_, V> {
     // An occupied entry is made only for a position the map holds, and the map does not
     // change while the entry borrows it: indexing cannot fail.
 
-    /// The key.
     #[allow(clippy::indexing_slicing)]
+    fn pair(&self) -> &(Bytes, V) {
+        let (chunk, within) = place(self.at);
+        &self.slots.chunks[chunk][within]
+    }
+
+    /// The key.
     pub(super) fn key(&self) -> &Bytes {
-        &self.slots.chunks[self.at >> CHUNK_BITS][self.at & (CHUNK - 1)].0
+        &self.pair().0
     }
 
     /// The value.
-    #[allow(clippy::indexing_slicing)]
     pub(super) fn get(&self) -> &V {
-        &self.slots.chunks[self.at >> CHUNK_BITS][self.at & (CHUNK - 1)].1
+        &self.pair().1
     }
 
     /// The value, to change.
     #[allow(clippy::indexing_slicing)]
     pub(super) fn get_mut(&mut self) -> &mut V {
-        &mut self.slots.chunks[self.at >> CHUNK_BITS][self.at & (CHUNK - 1)].1
+        let (chunk, within) = place(self.at);
+        &mut self.slots.chunks[chunk][within].1
     }
 }
 
@@ -134,14 +139,12 @@ impl<V> Slots<V> {
     }
 
     fn entry_ref(&self, at: usize) -> Option<&(Bytes, V)> {
-        self.chunks.get(at >> CHUNK_BITS)?.get(at & (CHUNK - 1))
+        entry_in(&self.chunks, at)
     }
 
     fn entry_mut(&mut self, at: usize) -> Option<(&mut Bytes, &mut V)> {
-        let (key, value) = self
-            .chunks
-            .get_mut(at >> CHUNK_BITS)?
-            .get_mut(at & (CHUNK - 1))?;
+        let (chunk, within) = place(at);
+        let (key, value) = self.chunks.get_mut(chunk)?.get_mut(within)?;
         Some((key, value))
     }
 
@@ -247,12 +250,20 @@ impl<V> Slots<V> {
     }
 }
 
+/// Where entry `at` lies: its chunk, and its place in the chunk.
+fn place(at: usize) -> (usize, usize) {
+    (at >> CHUNK_BITS, at & (CHUNK - 1))
+}
+
+/// The entry at `at` of `chunks`.
+fn entry_in<V>(chunks: &[Vec<(Bytes, V)>], at: usize) -> Option<&(Bytes, V)> {
+    let (chunk, within) = place(at);
+    chunks.get(chunk)?.get(within)
+}
+
 /// Whether the entry at `at` of `chunks` has key `key`.
 fn key_is<V>(chunks: &[Vec<(Bytes, V)>], at: usize, key: &[u8]) -> bool {
-    chunks
-        .get(at >> CHUNK_BITS)
-        .and_then(|chunk| chunk.get(at & (CHUNK - 1)))
-        .is_some_and(|(stored, _)| stored.as_ref() == key)
+    entry_in(chunks, at).is_some_and(|(stored, _)| stored.as_ref() == key)
 }
 
 impl<V> FromIterator<(Bytes, V)> for Slots<V> {
