@@ -284,7 +284,11 @@ fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize> + Clone) 
             }
         }
     }
-    heads.into_iter().map(|(_, at)| at).collect()
+    // A fresh vector: collected from `heads` in place, the key order would keep the heads'
+    // allocation, four times its size, for as long as the writes are staged.
+    let mut order = Vec::with_capacity(heads.len());
+    order.extend(heads.iter().map(|&(_, at)| at));
+    order
 }
 
 /// A key's head and its position among the staged keys.

@@ -161,6 +161,8 @@ proptest::proptest! {
         }
         staged.undo(undo);
         staged.seal();
+        // The key order holds its positions, not the sort's larger buffer.
+        proptest::prop_assert_eq!(staged.order.capacity(), staged.order.len());
         let sealed: Vec<Vec<u8>> = staged.iter().map(|(key, _)| key.to_vec()).collect();
         proptest::prop_assert_eq!(sealed, expected.into_iter().collect::<Vec<_>>());
     }
