@@ -6,7 +6,7 @@
 //! turns whatever clients send into canonical batches once (`write::decode`); the
 //! read path builds canonical batches of the projected columns.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use datafusion::arrow::array::builder::NullBufferBuilder;
 use datafusion::arrow::array::{
@@ -75,6 +75,23 @@ pub fn nullable_schema_of(columns: &[Column]) -> SchemaRef {
             .map(|c| Field::new(c.name, arrow_type(c.ty), true))
             .collect::<Vec<_>>(),
     ))
+}
+
+/// [`nullable_schema_of`] a static list of columns, built once per list: the write path asks
+/// for it for every batch it decodes, and building one allocates each field and its name.
+#[must_use]
+pub fn nullable_schema(columns: &'static [Column]) -> SchemaRef {
+    // A static list never moves: where it is and how long it is name it. The lists are the
+    // model's few column tables, so this holds a handful of schemas.
+    static BUILT: Mutex<Vec<((usize, usize), SchemaRef)>> = Mutex::new(Vec::new());
+    let key = (columns.as_ptr().addr(), columns.len());
+    let mut built = BUILT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, schema)) = built.iter().find(|(at, _)| *at == key) {
+        return Arc::clone(schema);
+    }
+    let schema = nullable_schema_of(columns);
+    built.push((key, Arc::clone(&schema)));
+    schema
 }
 
 static TABLE_SCHEMAS: LazyLock<[SchemaRef; 3]> =
@@ -642,6 +659,31 @@ mod tests {
 
     use super::{ColumnBuilder, TextBuilder};
     use crate::model::{ColumnMappingRow, DataFileRow, NameMappingRow, SqlType};
+
+    /// Each static list of columns has one nullable schema, built once: the same for the same
+    /// list, another for another, each what `nullable_schema_of` builds.
+    #[test]
+    fn a_static_column_list_builds_its_nullable_schema_once() {
+        use crate::model::{CatalogTable, mapping_load_columns};
+        let lists = [
+            CatalogTable::ColumnMapping.columns(),
+            CatalogTable::NameMapping.columns(),
+            mapping_load_columns(),
+        ];
+        for list in lists {
+            let first = super::nullable_schema(list);
+            assert!(std::sync::Arc::ptr_eq(
+                &first,
+                &super::nullable_schema(list)
+            ));
+            assert_eq!(first, super::nullable_schema_of(list));
+            assert!(first.fields().iter().all(|field| field.is_nullable()));
+        }
+        assert_ne!(
+            super::nullable_schema(lists[0]),
+            super::nullable_schema(lists[1])
+        );
+    }
 
     /// A finished text column holds what was appended, and the builder starts the next batch
     /// with room for as many values and bytes, so that a scan's later batches grow nothing.

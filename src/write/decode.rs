@@ -16,7 +16,7 @@ use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::{Insert, Op};
-use crate::batch::{Columns, arrow_type, nullable_schema_of};
+use crate::batch::{Columns, arrow_type, nullable_schema};
 use crate::error::{Error, Result};
 use crate::model::{
     CatalogTable, Column, DataFileRow, DuckLakeVersion, SqlType, commit_upload_columns,
@@ -234,19 +234,8 @@ impl RowDecoder {
             RowShape::Table(table) => Ok(vec![Op::Insert(Insert::new(table, rows)?)]),
             RowShape::MappingLoad => self.load_ops(&rows),
             RowShape::Commit => {
-                let files = rows
-                    .columns()
-                    .get(column_of(self.shape, "data_file_id"))
-                    .ok_or_else(|| bad("the commit shape has no data_file_id".into()))?
-                    .logical_nulls()
-                    .map_or_else(
-                        || BooleanArray::from(vec![true; rows.num_rows()]),
-                        |nulls| BooleanArray::from(nulls.iter().collect::<Vec<bool>>()),
-                    );
-                let loads = datafusion::arrow::compute::not(&files).map_err(arrow_error)?;
-                let mut ops =
-                    self.load_ops(&filter_record_batch(&rows, &loads).map_err(arrow_error)?)?;
-                let file_rows = filter_record_batch(&rows, &files).map_err(arrow_error)?;
+                let (loads, file_rows) = split_commit(&rows)?;
+                let mut ops = self.load_ops(&loads)?;
                 if file_rows.num_rows() > 0 {
                     ops.push(Op::Insert(Insert::new(
                         CatalogTable::DataFile,
@@ -285,7 +274,7 @@ impl RowDecoder {
             };
             arrays.push(array);
         }
-        RecordBatch::try_new(nullable_schema_of(columns), arrays).map_err(arrow_error)
+        RecordBatch::try_new(nullable_schema(columns), arrays).map_err(arrow_error)
     }
 
     /// The inserts of canonical rows of the load shape (or of a commit upload's load rows):
@@ -356,6 +345,38 @@ impl RowDecoder {
     }
 }
 
+/// A commit upload's canonical rows split into its mapping load rows and its data file rows
+/// (those with a `data_file_id`), each in order: slices of `rows` when the rows of each kind
+/// are one run (as a client sends them, a batch per kind, or loads then files), else
+/// filtered copies.
+fn split_commit(rows: &RecordBatch) -> Result<(RecordBatch, RecordBatch)> {
+    let data_file_id = rows
+        .columns()
+        .get(column_of(RowShape::Commit, "data_file_id"))
+        .ok_or_else(|| bad("the commit shape has no data_file_id".into()))?;
+    let len = rows.num_rows();
+    let Some(nulls) = data_file_id.logical_nulls() else {
+        return Ok((rows.slice(0, 0), rows.clone()));
+    };
+    // Set where a row is a data file's.
+    let files = nulls.inner();
+    let mut runs = files.set_slices();
+    match (runs.next(), runs.next()) {
+        (None, _) => return Ok((rows.clone(), rows.slice(0, 0))),
+        (Some((0, end)), None) => return Ok((rows.slice(end, len - end), rows.slice(0, end))),
+        (Some((start, end)), None) if end == len => {
+            return Ok((rows.slice(0, start), rows.slice(start, end - start)));
+        }
+        _ => {}
+    }
+    let files = BooleanArray::new(files.clone(), None);
+    let loads = datafusion::arrow::compute::not(&files).map_err(arrow_error)?;
+    Ok((
+        filter_record_batch(rows, &loads).map_err(arrow_error)?,
+        filter_record_batch(rows, &files).map_err(arrow_error)?,
+    ))
+}
+
 /// The position of column `name` in `shape`.
 fn column_of(shape: RowShape, name: &str) -> usize {
     shape
@@ -366,7 +387,7 @@ fn column_of(shape: RowShape, name: &str) -> usize {
 }
 
 /// `columns` of a canonical batch of `shape`, by name, as a canonical batch of `columns`.
-fn project(rows: &RecordBatch, shape: RowShape, columns: &[Column]) -> Result<RecordBatch> {
+fn project(rows: &RecordBatch, shape: RowShape, columns: &'static [Column]) -> Result<RecordBatch> {
     let arrays = columns
         .iter()
         .map(|c| {
@@ -376,7 +397,7 @@ fn project(rows: &RecordBatch, shape: RowShape, columns: &[Column]) -> Result<Re
                 .ok_or_else(|| bad(format!("{} has no column {}", shape.describe(), c.name)))
         })
         .collect::<Result<Vec<_>>>()?;
-    RecordBatch::try_new(nullable_schema_of(columns), arrays).map_err(arrow_error)
+    RecordBatch::try_new(nullable_schema(columns), arrays).map_err(arrow_error)
 }
 
 #[expect(
@@ -615,6 +636,115 @@ mod tests {
         .expect("schema accepted");
         let err = decoder.decode(&clash).expect_err("disagreeing rows");
         assert!(err.to_string().contains("mapping 5"), "{err}");
+    }
+
+    /// A commit upload's rows, loads and data files, in one run each (either first), mixed,
+    /// or of one kind only: each arrangement decodes to its load rows' inserts, then its
+    /// files', in the order the rows came.
+    #[test]
+    fn a_commit_upload_splits_into_its_loads_and_files_however_they_are_arranged() {
+        // (is a file, id): a load row of mapping 5's column `id`, or file `id` of mapping 5.
+        let arranged = |rows: &[(bool, i64)]| {
+            let load = |f: fn(i64) -> Option<i64>| {
+                Arc::new(Int64Array::from(
+                    rows.iter()
+                        .map(|&(file, id)| if file { None } else { f(id) })
+                        .collect::<Vec<_>>(),
+                )) as ArrayRef
+            };
+            let b = batch(vec![
+                (
+                    "mapping_id",
+                    Arc::new(Int64Array::from(vec![5; rows.len()])),
+                ),
+                ("table_id", Arc::new(Int64Array::from(vec![1; rows.len()]))),
+                (
+                    "type",
+                    Arc::new(StringArray::from(
+                        rows.iter()
+                            .map(|&(file, _)| (!file).then_some("map_by_name"))
+                            .collect::<Vec<_>>(),
+                    )),
+                ),
+                ("column_id", load(Some)),
+                (
+                    "source_name",
+                    Arc::new(StringArray::from(
+                        rows.iter()
+                            .map(|&(file, id)| (!file).then(|| format!("c{id}")))
+                            .collect::<Vec<_>>(),
+                    )),
+                ),
+                ("target_field_id", load(|id| Some(id + 1))),
+                ("parent_column", load(|_| None)),
+                (
+                    "is_partition",
+                    Arc::new(datafusion::arrow::array::BooleanArray::from(
+                        rows.iter()
+                            .map(|&(file, _)| (!file).then_some(false))
+                            .collect::<Vec<_>>(),
+                    )),
+                ),
+                (
+                    "data_file_id",
+                    Arc::new(Int64Array::from(
+                        rows.iter()
+                            .map(|&(file, id)| file.then_some(id))
+                            .collect::<Vec<_>>(),
+                    )),
+                ),
+            ]);
+            let mut decoder =
+                RowDecoder::new(RowShape::Commit, V03, &b.schema(), MissingColumns::Null)
+                    .expect("schema accepted");
+            decoder.decode(&b).expect("decoded")
+        };
+        let expected = |loads: &[i64], files: &[i64]| {
+            let mut ops = Vec::new();
+            if !loads.is_empty() {
+                ops.push(Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
+                    mapping_id: Some(5),
+                    table_id: Some(1),
+                    map_type: Some("map_by_name".into()),
+                }])));
+                let names: Vec<NameMappingRow> = loads
+                    .iter()
+                    .map(|&id| NameMappingRow {
+                        mapping_id: Some(5),
+                        column_id: Some(id),
+                        source_name: Some(format!("c{id}")),
+                        target_field_id: Some(id + 1),
+                        parent_column: None,
+                        is_partition: Some(false),
+                    })
+                    .collect();
+                ops.push(Op::Insert(Insert::name_mappings(&names)));
+            }
+            if !files.is_empty() {
+                let files: Vec<DataFileRow> = files
+                    .iter()
+                    .map(|&id| DataFileRow {
+                        data_file_id: Some(id),
+                        table_id: Some(1),
+                        mapping_id: Some(5),
+                        ..DataFileRow::default()
+                    })
+                    .collect();
+                ops.push(Op::Insert(Insert::data_files(&files)));
+            }
+            ops
+        };
+        let (l0, l1, f7, f8) = ((false, 0), (false, 1), (true, 7), (true, 8));
+        for (rows, loads, files) in [
+            (vec![l0, l1, f7, f8], &[0, 1][..], &[7, 8][..]),
+            (vec![f7, f8, l0, l1], &[0, 1], &[7, 8]),
+            (vec![l0, f7, l1, f8], &[0, 1], &[7, 8]),
+            (vec![f8, l1, l0, f7], &[1, 0], &[8, 7]),
+            (vec![l1, l0], &[1, 0], &[]),
+            (vec![f8, f7], &[], &[8, 7]),
+        ] {
+            assert_eq!(arranged(&rows), expected(loads, files), "{rows:?}");
+        }
     }
 
     #[test]
