@@ -5,14 +5,18 @@
 //! `write_metadata`, or the one empty message of a `CommandStatementUpdate`) carry no data and
 //! are not fed to the IPC decoder, which would fail on them.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_flight::FlightData;
-use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
 use bytes::Bytes;
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::ipc::{Message, MessageHeader, root_as_message};
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
@@ -54,21 +58,13 @@ impl Tally {
     }
 }
 
-/// `message`, once its body is found to hold every buffer its IPC header places in it. The
-/// Arrow decoder slices the body where the header points and panics past its end; a client's
+/// Whether the body of `body` bytes holds every buffer `header` places in it. Arrow's IPC
+/// reader slices the body where the header points and panics past its end; a client's
 /// header is not to be trusted that far.
 ///
 /// # Errors
-/// [`FlightError::DecodeError`] naming the body's length and the buffer past it, or for a
-/// header that does not parse.
-pub(crate) fn checked_body(message: FlightData) -> Result<FlightData, FlightError> {
-    use datafusion::arrow::ipc::{MessageHeader, root_as_message};
-    if message.data_header.is_empty() {
-        return Ok(message);
-    }
-    let header = root_as_message(&message.data_header).map_err(|err| {
-        FlightError::DecodeError(format!("an Arrow IPC message header does not parse: {err}"))
-    })?;
+/// [`FlightError::DecodeError`] naming the body's length and the buffer past it.
+fn check_body(header: &Message<'_>, body: usize) -> Result<(), FlightError> {
     let batch = match header.header_type() {
         MessageHeader::RecordBatch => header.header_as_record_batch(),
         MessageHeader::DictionaryBatch => header
@@ -76,7 +72,6 @@ pub(crate) fn checked_body(message: FlightData) -> Result<FlightData, FlightErro
             .and_then(|dictionary| dictionary.data()),
         _ => None,
     };
-    let body = message.data_body.len();
     for buffer in batch
         .and_then(|batch| batch.buffers())
         .into_iter()
@@ -95,28 +90,128 @@ pub(crate) fn checked_body(message: FlightData) -> Result<FlightData, FlightErro
             )));
         }
     }
-    Ok(message)
+    Ok(())
 }
 
-/// The record batches of a stream of checked messages ([`checked_body`], [`LayoutCheck`]),
-/// with any panic of the Arrow decoder on bytes it did not expect contained: it ends the
-/// stream with a decode error instead of taking the server down.
+/// The record batches of a stream of IPC messages, with any panic of Arrow's IPC reader on
+/// bytes it did not expect contained: it ends the stream with a decode error instead of
+/// taking the server down. Messages without an IPC header are skipped.
 pub(crate) fn decoded(
     messages: impl Stream<Item = Result<FlightData, FlightError>> + Send + 'static,
     schema: Arc<Mutex<Option<SchemaRef>>>,
 ) -> BoxStream<'static, Result<RecordBatch, FlightError>> {
-    let mut layout = LayoutCheck {
-        fields: None,
-        schema,
+    let mut decoder = IpcDecoder {
+        schema: None,
+        fields: Vec::new(),
+        dictionaries: HashMap::new(),
+        shared: schema,
     };
-    let checked = messages
-        .and_then(|message| futures::future::ready(checked_body(message)))
-        .and_then(move |message| futures::future::ready(layout.check(message)));
+    let batches =
+        messages.try_filter_map(move |message| futures::future::ready(decoder.decode(&message)));
     Contained {
-        inner: FlightRecordBatchStream::new_from_flight_data(checked),
+        inner: batches.boxed(),
         done: false,
     }
     .boxed()
+}
+
+/// Decodes an upload's IPC messages, reading each message's header once: the header is
+/// checked against the body ([`check_body`]) and, for a record batch of the flat column types
+/// uploads hold, against the schema ([`check_layout`]: every buffer as long as the batch's row
+/// count needs, which the reader trusts and panics or allocates by when they lie), and then
+/// handed to Arrow's IPC reader as parsed. (arrow-flight's decoder parses and verifies every
+/// header again, and a schema twice more: a third of a worker's instructions for a one-commit
+/// upload.) A body is read where it lies; the reader copies a buffer only where it is not
+/// aligned for its type.
+struct IpcDecoder {
+    schema: Option<SchemaRef>,
+    /// The schema's column types, for [`check_layout`].
+    fields: Vec<DataType>,
+    dictionaries: HashMap<i64, ArrayRef>,
+    /// Where the stream's schema goes once read.
+    shared: Arc<Mutex<Option<SchemaRef>>>,
+}
+
+impl IpcDecoder {
+    fn decode(&mut self, message: &FlightData) -> Result<Option<RecordBatch>, FlightError> {
+        use datafusion::arrow::ipc::{convert, reader};
+        if message.data_header.is_empty() {
+            return Ok(None);
+        }
+        let header = root_as_message(&message.data_header).map_err(|err| {
+            FlightError::DecodeError(format!("an Arrow IPC message header does not parse: {err}"))
+        })?;
+        check_body(&header, message.data_body.len())?;
+        let version = header.version();
+        let unreadable = |what: &str, err: ArrowError| {
+            FlightError::DecodeError(format!("an Arrow IPC {what} does not decode: {err}"))
+        };
+        match header.header_type() {
+            MessageHeader::Schema => {
+                let schema = header.header_as_schema().ok_or_else(|| {
+                    FlightError::DecodeError("an Arrow IPC schema message without a schema".into())
+                })?;
+                check_types(schema)?;
+                let schema = Arc::new(convert::fb_to_schema(schema));
+                self.fields = schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.data_type().clone())
+                    .collect();
+                self.dictionaries.clear();
+                *self.shared.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(Arc::clone(&schema));
+                self.schema = Some(schema);
+                Ok(None)
+            }
+            MessageHeader::DictionaryBatch => {
+                let (Some(schema), Some(dictionary)) =
+                    (&self.schema, header.header_as_dictionary_batch())
+                else {
+                    return Err(FlightError::protocol(
+                        "an Arrow IPC dictionary batch before the stream's schema",
+                    ));
+                };
+                let body = Buffer::from(message.data_body.clone());
+                reader::read_dictionary(
+                    &body,
+                    dictionary,
+                    schema,
+                    &mut self.dictionaries,
+                    &version,
+                )
+                .map_err(|err| unreadable("dictionary batch", err))?;
+                Ok(None)
+            }
+            MessageHeader::RecordBatch => {
+                let (Some(schema), Some(batch)) = (&self.schema, header.header_as_record_batch())
+                else {
+                    return Err(FlightError::protocol(
+                        "an Arrow IPC record batch before the stream's schema",
+                    ));
+                };
+                if batch.compression().is_none() {
+                    check_layout(&self.fields, &batch)?;
+                }
+                let body = Buffer::from(message.data_body.clone());
+                reader::read_record_batch(
+                    &body,
+                    batch,
+                    Arc::clone(schema),
+                    &self.dictionaries,
+                    None,
+                    &version,
+                )
+                .map(Some)
+                .map_err(|err| unreadable("record batch", err))
+            }
+            MessageHeader::NONE => Ok(None),
+            other => Err(FlightError::protocol(format!(
+                "an unexpected Arrow IPC message, {}",
+                other.variant_name().unwrap_or("of an unknown kind")
+            ))),
+        }
+    }
 }
 
 /// A stream whose polls may panic, made one that ends with an error instead.
@@ -149,55 +244,6 @@ where
         std::task::Poll::Ready(Some(Err(FlightError::DecodeError(
             "an Arrow IPC message does not decode: its lengths disagree with its buffers".into(),
         ))))
-    }
-}
-
-/// Checks each record batch of an upload against its schema before the Arrow decoder sees
-/// it: for the flat column types uploads hold (integers, booleans, strings, nulls), every
-/// buffer must be as long as the batch's row count needs. The decoder trusts those lengths
-/// and panics, or allocates what they claim, when they lie. Other layouts (compressed bodies,
-/// dictionaries, string views) are left to the decoder, whose panics [`decoded`] contains.
-struct LayoutCheck {
-    fields: Option<Vec<DataType>>,
-    /// Where the stream's schema goes once read.
-    schema: Arc<Mutex<Option<SchemaRef>>>,
-}
-
-impl LayoutCheck {
-    fn check(&mut self, message: FlightData) -> Result<FlightData, FlightError> {
-        use datafusion::arrow::ipc::{MessageHeader, convert, root_as_message};
-        if message.data_header.is_empty() {
-            return Ok(message);
-        }
-        let header = root_as_message(&message.data_header).map_err(|err| {
-            FlightError::DecodeError(format!("an Arrow IPC message header does not parse: {err}"))
-        })?;
-        match header.header_type() {
-            MessageHeader::Schema => {
-                if let Some(schema) = header.header_as_schema() {
-                    check_types(schema)?;
-                    let schema = convert::fb_to_schema(schema);
-                    self.fields = Some(
-                        schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.data_type().clone())
-                            .collect(),
-                    );
-                    *self.schema.lock().unwrap_or_else(PoisonError::into_inner) =
-                        Some(Arc::new(schema));
-                }
-            }
-            MessageHeader::RecordBatch => {
-                if let (Some(fields), Some(batch)) = (&self.fields, header.header_as_record_batch())
-                    && batch.compression().is_none()
-                {
-                    check_layout(fields, &batch)?;
-                }
-            }
-            _ => {}
-        }
-        Ok(message)
     }
 }
 
@@ -425,5 +471,91 @@ impl Upload {
         })
         .boxed();
         (changes, tally)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use arrow_flight::FlightData;
+    use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
+    use bytes::{Bytes, BytesMut};
+    use datafusion::arrow::array::{ArrayRef, DictionaryArray, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use futures::TryStreamExt as _;
+
+    use super::decoded;
+
+    /// An upload decodes as sent: a dictionary column with its dictionaries, bodies where the
+    /// transport put them or moved off their alignment (the reader copies what its types need
+    /// aligned), a metadata-only message skipped; the stream's schema is handed on. A
+    /// dictionary or record batch before the schema is refused.
+    #[tokio::test]
+    async fn an_upload_decodes_as_sent_wherever_its_bodies_lie() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new(
+                "kind",
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                true,
+            ),
+        ]));
+        let batch = |ids: Vec<i64>, kinds: Vec<Option<&str>>| {
+            let kinds: DictionaryArray<Int32Type> = kinds.into_iter().collect();
+            let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(ids)), Arc::new(kinds)];
+            RecordBatch::try_new(Arc::clone(&schema), columns).expect("batch")
+        };
+        let sent = vec![
+            batch(vec![1, 2, 3], vec![Some("a"), None, Some("b")]),
+            batch(vec![4], vec![Some("c")]),
+        ];
+        let mut messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
+            .with_dictionary_handling(DictionaryHandling::Resend)
+            .build(futures::stream::iter(sent.clone().into_iter().map(Ok)))
+            .try_collect()
+            .await
+            .expect("encoded");
+        messages.insert(
+            1,
+            FlightData {
+                app_metadata: Bytes::from_static(b"a note"),
+                ..FlightData::default()
+            },
+        );
+        let unaligned: Vec<FlightData> = messages
+            .iter()
+            .cloned()
+            .map(|mut message| {
+                let mut moved = BytesMut::with_capacity(message.data_body.len() + 1);
+                moved.extend_from_slice(&[0]);
+                moved.extend_from_slice(&message.data_body);
+                message.data_body = moved.freeze().slice(1..);
+                message
+            })
+            .collect();
+        for messages in [messages.clone(), unaligned] {
+            let seen = Arc::new(Mutex::new(None));
+            let got: Vec<RecordBatch> = decoded(
+                futures::stream::iter(messages.into_iter().map(Ok)),
+                Arc::clone(&seen),
+            )
+            .try_collect()
+            .await
+            .expect("decodes");
+            assert_eq!(got, sent);
+            let seen = seen.lock().expect("unpoisoned").clone();
+            assert_eq!(seen.as_deref(), Some(schema.as_ref()));
+        }
+        let headless = messages.into_iter().skip(1);
+        let err = decoded(futures::stream::iter(headless.map(Ok)), Arc::default())
+            .try_collect::<Vec<RecordBatch>>()
+            .await
+            .expect_err("no schema");
+        assert!(
+            err.to_string().contains("before the stream's schema"),
+            "{err}"
+        );
     }
 }
