@@ -638,102 +638,99 @@ mod tests {
         assert!(err.to_string().contains("mapping 5"), "{err}");
     }
 
+    /// The ops of a commit upload of `rows`, each `(is a file, id)`: a load row of mapping
+    /// 5's column `id`, or file `id` of mapping 5.
+    fn commit_upload(rows: &[(bool, i64)]) -> Vec<Op> {
+        let load = |f: fn(i64) -> Option<i64>| {
+            Arc::new(Int64Array::from(
+                rows.iter()
+                    .map(|&(file, id)| if file { None } else { f(id) })
+                    .collect::<Vec<_>>(),
+            )) as ArrayRef
+        };
+        let text = |f: fn(i64) -> String| {
+            Arc::new(StringArray::from(
+                rows.iter()
+                    .map(|&(file, id)| (!file).then(|| f(id)))
+                    .collect::<Vec<_>>(),
+            )) as ArrayRef
+        };
+        let b = batch(vec![
+            (
+                "mapping_id",
+                Arc::new(Int64Array::from(vec![5; rows.len()])),
+            ),
+            ("table_id", Arc::new(Int64Array::from(vec![1; rows.len()]))),
+            ("type", text(|_| "map_by_name".into())),
+            ("column_id", load(Some)),
+            ("source_name", text(|id| format!("c{id}"))),
+            ("target_field_id", load(|id| Some(id + 1))),
+            ("parent_column", load(|_| None)),
+            (
+                "is_partition",
+                Arc::new(datafusion::arrow::array::BooleanArray::from(
+                    rows.iter()
+                        .map(|&(file, _)| (!file).then_some(false))
+                        .collect::<Vec<_>>(),
+                )),
+            ),
+            (
+                "data_file_id",
+                Arc::new(Int64Array::from(
+                    rows.iter()
+                        .map(|&(file, id)| file.then_some(id))
+                        .collect::<Vec<_>>(),
+                )),
+            ),
+        ]);
+        let mut decoder = RowDecoder::new(RowShape::Commit, V03, &b.schema(), MissingColumns::Null)
+            .expect("schema accepted");
+        decoder.decode(&b).expect("decoded")
+    }
+
+    /// The ops [`commit_upload`] should give: mapping 5 with the name rows of columns
+    /// `loads`, then the files `files`, each in that order.
+    fn commit_ops(loads: &[i64], files: &[i64]) -> Vec<Op> {
+        let mut ops = Vec::new();
+        if !loads.is_empty() {
+            ops.push(Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
+                mapping_id: Some(5),
+                table_id: Some(1),
+                map_type: Some("map_by_name".into()),
+            }])));
+            let names: Vec<NameMappingRow> = loads
+                .iter()
+                .map(|&id| NameMappingRow {
+                    mapping_id: Some(5),
+                    column_id: Some(id),
+                    source_name: Some(format!("c{id}")),
+                    target_field_id: Some(id + 1),
+                    parent_column: None,
+                    is_partition: Some(false),
+                })
+                .collect();
+            ops.push(Op::Insert(Insert::name_mappings(&names)));
+        }
+        if !files.is_empty() {
+            let files: Vec<DataFileRow> = files
+                .iter()
+                .map(|&id| DataFileRow {
+                    data_file_id: Some(id),
+                    table_id: Some(1),
+                    mapping_id: Some(5),
+                    ..DataFileRow::default()
+                })
+                .collect();
+            ops.push(Op::Insert(Insert::data_files(&files)));
+        }
+        ops
+    }
+
     /// A commit upload's rows, loads and data files, in one run each (either first), mixed,
     /// or of one kind only: each arrangement decodes to its load rows' inserts, then its
     /// files', in the order the rows came.
     #[test]
     fn a_commit_upload_splits_into_its_loads_and_files_however_they_are_arranged() {
-        // (is a file, id): a load row of mapping 5's column `id`, or file `id` of mapping 5.
-        let arranged = |rows: &[(bool, i64)]| {
-            let load = |f: fn(i64) -> Option<i64>| {
-                Arc::new(Int64Array::from(
-                    rows.iter()
-                        .map(|&(file, id)| if file { None } else { f(id) })
-                        .collect::<Vec<_>>(),
-                )) as ArrayRef
-            };
-            let b = batch(vec![
-                (
-                    "mapping_id",
-                    Arc::new(Int64Array::from(vec![5; rows.len()])),
-                ),
-                ("table_id", Arc::new(Int64Array::from(vec![1; rows.len()]))),
-                (
-                    "type",
-                    Arc::new(StringArray::from(
-                        rows.iter()
-                            .map(|&(file, _)| (!file).then_some("map_by_name"))
-                            .collect::<Vec<_>>(),
-                    )),
-                ),
-                ("column_id", load(Some)),
-                (
-                    "source_name",
-                    Arc::new(StringArray::from(
-                        rows.iter()
-                            .map(|&(file, id)| (!file).then(|| format!("c{id}")))
-                            .collect::<Vec<_>>(),
-                    )),
-                ),
-                ("target_field_id", load(|id| Some(id + 1))),
-                ("parent_column", load(|_| None)),
-                (
-                    "is_partition",
-                    Arc::new(datafusion::arrow::array::BooleanArray::from(
-                        rows.iter()
-                            .map(|&(file, _)| (!file).then_some(false))
-                            .collect::<Vec<_>>(),
-                    )),
-                ),
-                (
-                    "data_file_id",
-                    Arc::new(Int64Array::from(
-                        rows.iter()
-                            .map(|&(file, id)| file.then_some(id))
-                            .collect::<Vec<_>>(),
-                    )),
-                ),
-            ]);
-            let mut decoder =
-                RowDecoder::new(RowShape::Commit, V03, &b.schema(), MissingColumns::Null)
-                    .expect("schema accepted");
-            decoder.decode(&b).expect("decoded")
-        };
-        let expected = |loads: &[i64], files: &[i64]| {
-            let mut ops = Vec::new();
-            if !loads.is_empty() {
-                ops.push(Op::Insert(Insert::column_mappings(&[ColumnMappingRow {
-                    mapping_id: Some(5),
-                    table_id: Some(1),
-                    map_type: Some("map_by_name".into()),
-                }])));
-                let names: Vec<NameMappingRow> = loads
-                    .iter()
-                    .map(|&id| NameMappingRow {
-                        mapping_id: Some(5),
-                        column_id: Some(id),
-                        source_name: Some(format!("c{id}")),
-                        target_field_id: Some(id + 1),
-                        parent_column: None,
-                        is_partition: Some(false),
-                    })
-                    .collect();
-                ops.push(Op::Insert(Insert::name_mappings(&names)));
-            }
-            if !files.is_empty() {
-                let files: Vec<DataFileRow> = files
-                    .iter()
-                    .map(|&id| DataFileRow {
-                        data_file_id: Some(id),
-                        table_id: Some(1),
-                        mapping_id: Some(5),
-                        ..DataFileRow::default()
-                    })
-                    .collect();
-                ops.push(Op::Insert(Insert::data_files(&files)));
-            }
-            ops
-        };
         let (l0, l1, f7, f8) = ((false, 0), (false, 1), (true, 7), (true, 8));
         for (rows, loads, files) in [
             (vec![l0, l1, f7, f8], &[0, 1][..], &[7, 8][..]),
@@ -743,7 +740,7 @@ mod tests {
             (vec![l1, l0], &[1, 0], &[]),
             (vec![f8, f7], &[], &[8, 7]),
         ] {
-            assert_eq!(arranged(&rows), expected(loads, files), "{rows:?}");
+            assert_eq!(commit_upload(&rows), commit_ops(loads, files), "{rows:?}");
         }
     }
 
