@@ -2,8 +2,8 @@
 //! batch as they arrive, and the app metadata of the stream's last message.
 //!
 //! Messages without an IPC header (metadata-only messages such as pyarrow's
-//! `write_metadata`, or the one empty message of a `CommandStatementUpdate`) carry no data and
-//! are not fed to the IPC decoder, which would fail on them.
+//! `write_metadata`, or the one empty message of a `CommandStatementUpdate`) carry no data:
+//! the decoder skips them ([`decoded`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -133,6 +133,13 @@ struct IpcDecoder {
 }
 
 impl IpcDecoder {
+    /// The stream's schema, which a `what` message needs read before it.
+    fn schema(&self, what: &str) -> Result<SchemaRef, FlightError> {
+        self.schema.clone().ok_or_else(|| {
+            FlightError::protocol(format!("an Arrow IPC {what} before the stream's schema"))
+        })
+    }
+
     fn decode(&mut self, message: &FlightData) -> Result<Option<RecordBatch>, FlightError> {
         use datafusion::arrow::ipc::{convert, reader};
         if message.data_header.is_empty() {
@@ -165,18 +172,17 @@ impl IpcDecoder {
                 Ok(None)
             }
             MessageHeader::DictionaryBatch => {
-                let (Some(schema), Some(dictionary)) =
-                    (&self.schema, header.header_as_dictionary_batch())
-                else {
-                    return Err(FlightError::protocol(
-                        "an Arrow IPC dictionary batch before the stream's schema",
-                    ));
-                };
+                let schema = self.schema("dictionary batch")?;
+                let dictionary = header.header_as_dictionary_batch().ok_or_else(|| {
+                    FlightError::DecodeError(
+                        "an Arrow IPC dictionary message without its batch".into(),
+                    )
+                })?;
                 let body = Buffer::from(message.data_body.clone());
                 reader::read_dictionary(
                     &body,
                     dictionary,
-                    schema,
+                    &schema,
                     &mut self.dictionaries,
                     &version,
                 )
@@ -184,26 +190,19 @@ impl IpcDecoder {
                 Ok(None)
             }
             MessageHeader::RecordBatch => {
-                let (Some(schema), Some(batch)) = (&self.schema, header.header_as_record_batch())
-                else {
-                    return Err(FlightError::protocol(
-                        "an Arrow IPC record batch before the stream's schema",
-                    ));
-                };
+                let schema = self.schema("record batch")?;
+                let batch = header.header_as_record_batch().ok_or_else(|| {
+                    FlightError::DecodeError(
+                        "an Arrow IPC record batch message without its batch".into(),
+                    )
+                })?;
                 if batch.compression().is_none() {
                     check_layout(&self.fields, &batch)?;
                 }
                 let body = Buffer::from(message.data_body.clone());
-                reader::read_record_batch(
-                    &body,
-                    batch,
-                    Arc::clone(schema),
-                    &self.dictionaries,
-                    None,
-                    &version,
-                )
-                .map(Some)
-                .map_err(|err| unreadable("record batch", err))
+                reader::read_record_batch(&body, batch, schema, &self.dictionaries, None, &version)
+                    .map(Some)
+                    .map_err(|err| unreadable("record batch", err))
             }
             MessageHeader::NONE => Ok(None),
             other => Err(FlightError::protocol(format!(
@@ -391,8 +390,7 @@ impl Upload {
             .map_err(FlightError::from)
             .inspect_ok(move |message| {
                 *seen.lock().unwrap_or_else(PoisonError::into_inner) = message.app_metadata.clone();
-            })
-            .try_filter(|message| futures::future::ready(!message.data_header.is_empty()));
+            });
         let schema = Arc::new(Mutex::new(None));
         Self {
             batches: decoded(data, Arc::clone(&schema)),
