@@ -403,7 +403,7 @@ pub mod tikv {
 
         async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
             let p = &self.prefix;
-            let writes = Arc::new(writes.map_keys(|key| with_prefix(p, key).into()));
+            let writes = Arc::new(writes.map_keys(|key| with_prefix(p, key))?);
             Ok(match self.inner.commit(writes).await? {
                 CommitOutcome::Conflict(Conflict::AlreadyExists { key }) => {
                     CommitOutcome::Conflict(Conflict::AlreadyExists { key: strip(p, key) })

@@ -32,6 +32,31 @@ impl Digest {
         digester.chunk(value);
         digester.finish()
     }
+
+    /// The digest as 16 bytes, for a store of bytes to hold ([`from_bytes`](Self::from_bytes)
+    /// reads them back).
+    #[must_use]
+    pub(crate) fn to_bytes(self) -> [u8; 16] {
+        let mut bytes = [0_u8; 16];
+        for (to, word) in bytes.chunks_exact_mut(8).zip(self.0) {
+            to.copy_from_slice(&word.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// The digest [`to_bytes`](Self::to_bytes) gave `bytes` for; zeros past their end.
+    #[must_use]
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
+        let mut words = [0_u64; 2];
+        for (word, from) in words.iter_mut().zip(bytes.chunks(8)) {
+            let mut eight = [0_u8; 8];
+            for (to, byte) in eight.iter_mut().zip(from) {
+                *to = *byte;
+            }
+            *word = u64::from_le_bytes(eight);
+        }
+        Self(words)
+    }
 }
 
 /// Builds the digest of a sequence of pairs: a range's contents, in key order.

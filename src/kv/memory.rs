@@ -57,7 +57,7 @@ impl KvBackend for MemoryBackend {
         for (key, staged) in writes.iter() {
             match &staged.write {
                 Some(Some(value)) => {
-                    map.insert(key.clone(), value.clone());
+                    map.insert(Bytes::copy_from_slice(key), Bytes::copy_from_slice(value));
                 }
                 Some(None) => {
                     map.remove(key);

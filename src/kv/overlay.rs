@@ -22,7 +22,7 @@ pub(crate) struct OverlaySnapshot {
 impl KvSnapshot for OverlaySnapshot {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
         match self.writes.read(key) {
-            Some(written) => Ok(written.map(|v| v.to_vec())),
+            Some(written) => Ok(written.map(<[u8]>::to_vec)),
             None => self.base.get(key).await,
         }
     }
@@ -37,7 +37,7 @@ impl KvSnapshot for OverlaySnapshot {
         Ok(keys
             .iter()
             .map(|key| match self.writes.read(key) {
-                Some(written) => written.map(|v| v.to_vec()),
+                Some(written) => written.map(<[u8]>::to_vec),
                 None => from_base.next().flatten(),
             })
             .collect())
@@ -113,7 +113,7 @@ impl KvSnapshot for OverlaySnapshot {
 /// every page.
 fn merge<'w>(
     base: &Page,
-    written: impl Iterator<Item = (&'w bytes::Bytes, Option<&'w bytes::Bytes>)>,
+    written: impl Iterator<Item = (&'w [u8], Option<&'w [u8]>)>,
     size: PageSize,
 ) -> (Page, bool) {
     let mut written = written.peekable();
@@ -123,7 +123,7 @@ fn merge<'w>(
     let next = || -> Option<(&[u8], &[u8])> {
         loop {
             let take_written = match (written.peek(), base.peek()) {
-                (Some((w_key, _)), Some((key, _))) => w_key.as_ref() <= *key,
+                (Some((w_key, _)), Some((key, _))) => *w_key <= *key,
                 (Some(_), None) => true,
                 (None, Some(_)) => false,
                 (None, None) => return None,
@@ -132,11 +132,11 @@ fn merge<'w>(
                 return base.next();
             }
             let (w_key, w_value) = written.next()?;
-            if base.peek().is_some_and(|(key, _)| *key == w_key.as_ref()) {
+            if base.peek().is_some_and(|(key, _)| *key == w_key) {
                 base.next();
             }
             if let Some(w_value) = w_value {
-                return Some((w_key.as_ref(), w_value.as_ref()));
+                return Some((w_key, w_value));
             }
         }
     };

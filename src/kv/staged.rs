@@ -9,9 +9,8 @@ use std::cmp::Ordering;
 use std::mem;
 use std::ops::Bound;
 
-use bytes::Bytes;
-
-use self::slots::{Entry, Slots};
+use self::arena::{Mark, Span};
+use self::slots::{Full, Lookup, Slots};
 use super::digest::{Digest, Digester};
 use super::write_set::Mutation;
 use super::{Conflict, KeyRange, KvError, StoreLimits};
@@ -49,28 +48,88 @@ impl RangeRequirement {
     }
 }
 
-/// A transaction's net effect on one key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Staged {
+/// A transaction's net effect on one key, as read from the staged writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Staged<'a> {
     /// What the key must be before the commit.
     pub requirement: Requirement,
     /// The key's value after the commit: `Some(Some(v))` written, `Some(None)` deleted, `None`
     /// untouched (a requirement only).
-    pub write: Option<Option<Bytes>>,
+    pub write: Option<Option<&'a [u8]>>,
 }
 
-impl Staged {
-    fn bytes(&self, key: &[u8]) -> usize {
-        key.len() + self.value_len()
-    }
+/// A requirement as an entry holds it: the digest of [`Requirement::Unchanged`] lies in the
+/// arena right after the key (a key is required unchanged only when it is first staged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    None,
+    Absent,
+    Present,
+    Unchanged,
+}
 
-    fn value_len(&self) -> usize {
-        match &self.write {
-            Some(Some(value)) => value.len(),
-            _ => 0,
+impl Need {
+    /// How an entry holds `requirement`, and the digest to store after its key.
+    fn of(requirement: Requirement) -> (Self, Option<[u8; DIGEST_BYTES]>) {
+        match requirement {
+            Requirement::None => (Self::None, None),
+            Requirement::Absent => (Self::Absent, None),
+            Requirement::Present => (Self::Present, None),
+            Requirement::Unchanged(digest) => (Self::Unchanged, Some(digest.to_bytes())),
         }
     }
 }
+
+/// A write as an entry holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Untouched,
+    Deleted,
+    Written,
+}
+
+/// What is staged for one key, as the entries hold it: 16 bytes, its written value named by
+/// where it lies in the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed {
+    value_at: u64,
+    value_len: u32,
+    need: Need,
+    write: Write,
+}
+
+impl Packed {
+    fn new(need: Need, write: Write, value: Span) -> Self {
+        Self {
+            value_at: value.at,
+            value_len: value.len,
+            need,
+            write,
+        }
+    }
+
+    fn value(self) -> Span {
+        Span {
+            at: self.value_at,
+            len: self.value_len,
+        }
+    }
+
+    /// The bytes the value adds to the transaction.
+    fn value_len(self) -> usize {
+        match self.write {
+            Write::Written => self.value_len as usize,
+            Write::Untouched | Write::Deleted => 0,
+        }
+    }
+
+    fn with_need(self, need: Need) -> Self {
+        Self { need, ..self }
+    }
+}
+
+/// The digest stored after a key, as [`Need::Unchanged`] requires it.
+const DIGEST_BYTES: usize = 16;
 
 /// What a key held in the staged writes when an insert was asked of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,10 +145,10 @@ pub enum Prior {
 }
 
 /// One change to a key, folded into what is staged for it.
-#[derive(Debug, Clone)]
-enum Step {
-    Put(Bytes),
-    Insert(Bytes),
+#[derive(Debug, Clone, Copy)]
+enum Step<'a> {
+    Put(&'a [u8]),
+    Insert(&'a [u8]),
     Delete,
     RequirePresent,
 }
@@ -99,15 +158,18 @@ enum Step {
 /// Keys are created at the end of the staging order and nothing is taken out while a change
 /// is made, so the keys a change created are the entries from the first of them on: taking
 /// them back is one truncation, and the log holds nothing per created key (nor per later
-/// change to one).
+/// change to one). The bytes the change put in the arena are likewise all after where the
+/// arena ended before it, and are cut off the same way.
 #[derive(Debug)]
 #[must_use = "an undo log does nothing unless it is applied or dropped on purpose"]
 pub struct Undo {
     /// The previous states of keys staged before the change, by position (a key keeps its
     /// position while it is staged, and only the keys a change created are taken out).
-    previous: Vec<(usize, Staged)>,
+    previous: Vec<(usize, Packed)>,
     /// The position of the first key the change created, if it created one.
     created_from: Option<usize>,
+    /// Where the arena ended before the change, if it changed a key.
+    arena_before: Option<Mark>,
     /// How many range requirements there were before the first one this change added.
     ranges_before: Option<usize>,
     /// Whether changes are recorded at all: a change that will never be taken back need not
@@ -127,6 +189,7 @@ impl Undo {
         Self {
             previous: Vec::new(),
             created_from: None,
+            arena_before: None,
             ranges_before: None,
             recording: true,
         }
@@ -140,10 +203,11 @@ impl Undo {
         }
     }
 
-    /// Entries recorded, for memory accounting.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.previous.len()
+    /// A key is about to change, with the arena ending at `mark`.
+    fn changing(&mut self, mark: impl FnOnce() -> Mark) {
+        if self.recording && self.arena_before.is_none() {
+            self.arena_before = Some(mark());
+        }
     }
 
     /// The key at position `at` was created.
@@ -154,11 +218,23 @@ impl Undo {
     }
 
     /// The key at position `at` held `previous` before it was changed.
-    fn changed(&mut self, at: usize, previous: Staged) {
+    fn changed(&mut self, at: usize, previous: Packed) {
         // A key this change created goes back by the truncation, whatever it holds since.
         if self.recording && self.created_from.is_none_or(|from| at < from) {
             self.previous.push((at, previous));
         }
+    }
+
+    /// Memory the log holds, in bytes.
+    #[must_use]
+    pub fn memory(&self) -> usize {
+        self.previous.capacity() * size_of::<(usize, Packed)>()
+    }
+
+    /// Previous states recorded.
+    #[cfg(test)]
+    fn logged(&self) -> usize {
+        self.previous.len()
     }
 
     /// Whether the change touched nothing.
@@ -242,9 +318,7 @@ fn shared_prefix<'a>(mut keys: impl Iterator<Item = &'a [u8]>) -> usize {
 
 /// The key at position `at` of `entries` (none past the end).
 fn key_at(entries: &Entries, at: usize) -> &[u8] {
-    entries
-        .get_index(at)
-        .map_or(&[][..], |(key, _)| key.as_ref())
+    entries.get_index(at).map_or(&[][..], |(key, _)| key)
 }
 
 /// Positions `old` and `fresh`, each in key order, merged into one key order.
@@ -357,9 +431,14 @@ fn radix_sorted(heads: Vec<Head>) -> Vec<Head> {
 /// The staged keys, hashed: a staged change finds its key in one probe, however many keys
 /// the transaction holds. (An ordered map costs a descent through a tree of cache misses per
 /// change, which was most of a bulk load's staging.)
-type Entries = Slots<Staged>;
+type Entries = Slots<Packed>;
 
 /// The staged writes of one transaction: one [`Staged`] per key.
+///
+/// The keys and written values are copied into an arena the entries own, in chunks that are
+/// appended to and never moved: an entry is 32 bytes beside its key and value (a handle to
+/// shared bytes per key and per value made it 88), and a change taken back gives its bytes
+/// back.
 ///
 /// Keys are held in a hash map in the order they were first staged, and their key order is
 /// kept apart as positions into it: [`seal`](Self::seal) sorts the keys staged since the last
@@ -390,8 +469,9 @@ impl PartialEq for StagedWrites {
         self.entries.len() == other.entries.len()
             && self
                 .entries
-                .iter()
-                .all(|(key, staged)| other.entries.get(key.as_ref()) == Some(staged))
+                .spans()
+                .map(|(key, packed)| self.view(key, packed))
+                .all(|(key, staged)| other.get(key) == Some(staged))
             && self.ranges == other.ranges
             && self.bytes == other.bytes
             && self.read_at == other.read_at
@@ -423,6 +503,12 @@ impl StagedWrites {
     #[must_use]
     pub fn read_version(&self) -> Option<u64> {
         self.read_at
+    }
+
+    /// Keys staged since the last seal.
+    #[must_use]
+    pub fn unsealed(&self) -> usize {
+        self.entries.len() - self.sealed
     }
 
     /// Whether every key is in the key order, so that reads in order cost nothing more.
@@ -491,27 +577,53 @@ impl StagedWrites {
         ))
     }
 
+    /// The key of the entry whose key is at `key` in the arena, and what the entry holds, as
+    /// read: its requirement (with the digest stored after the key) and its value.
+    fn view(&self, key: Span, packed: Packed) -> (&[u8], Staged<'_>) {
+        let arena = self.entries.arena();
+        let requirement = match packed.need {
+            Need::None => Requirement::None,
+            Need::Absent => Requirement::Absent,
+            Need::Present => Requirement::Present,
+            Need::Unchanged => Requirement::Unchanged(Digest::from_bytes(
+                arena
+                    .get(key, DIGEST_BYTES)
+                    .get(key.len()..)
+                    .unwrap_or_default(),
+            )),
+        };
+        let write = match packed.write {
+            Write::Untouched => None,
+            Write::Deleted => Some(None),
+            Write::Written => Some(Some(arena.get(packed.value(), 0))),
+        };
+        (arena.get(key, 0), Staged { requirement, write })
+    }
+
+    /// The entry at position `at`, as read.
+    fn entry_at(&self, at: usize) -> Option<(&[u8], Staged<'_>)> {
+        let (key, packed) = self.entries.span_at(at)?;
+        Some(self.view(key, packed))
+    }
+
     /// The entries at `positions`, read as they are taken.
     fn at<'a>(
         &'a self,
         positions: Cow<'a, [usize]>,
-    ) -> impl DoubleEndedIterator<Item = (&'a Bytes, &'a Staged)> + 'a {
-        (0..positions.len())
-            .filter_map(move |i| positions.get(i).and_then(|&at| self.entries.get_index(at)))
+    ) -> impl DoubleEndedIterator<Item = (&'a [u8], Staged<'a>)> + 'a {
+        (0..positions.len()).filter_map(move |i| positions.get(i).and_then(|&at| self.entry_at(at)))
     }
 
     /// Every entry, in key order.
-    fn ordered(&self) -> impl DoubleEndedIterator<Item = (&Bytes, &Staged)> {
+    fn ordered(&self) -> impl DoubleEndedIterator<Item = (&[u8], Staged<'_>)> {
         let all = if self.is_sealed() {
             None
         } else {
             Some(self.positions_in((Bound::Unbounded, Bound::Unbounded)))
         };
-        let sealed = all.is_none().then(|| {
-            self.order
-                .iter()
-                .filter_map(|&at| self.entries.get_index(at))
-        });
+        let sealed = all
+            .is_none()
+            .then(|| self.order.iter().filter_map(|&at| self.entry_at(at)));
         sealed
             .into_iter()
             .flatten()
@@ -534,17 +646,17 @@ impl StagedWrites {
     /// requires holds after them if it held before them.
     #[must_use]
     pub fn disturbs(&self, reader: &StagedWrites) -> bool {
-        let required = |staged: &Staged| staged.requirement != Requirement::None;
+        let required = |packed: &Packed| packed.need != Need::None;
         let point = if self.entries.len() <= reader.entries.len() {
             self.entries
                 .iter()
-                .filter(|(_, staged)| staged.write.is_some())
-                .any(|(key, _)| reader.entries.get(key.as_ref()).is_some_and(required))
+                .filter(|(_, packed)| packed.write != Write::Untouched)
+                .any(|(key, _)| reader.entries.get(key).is_some_and(required))
         } else {
             reader
                 .entries
                 .iter()
-                .filter(|(_, staged)| required(staged))
+                .filter(|(_, packed)| required(packed))
                 .any(|(key, _)| self.read(key).is_some())
         };
         point
@@ -578,26 +690,43 @@ impl StagedWrites {
         self.bytes
     }
 
+    /// Memory the staged writes hold, in bytes: their entries, hash table, key order and
+    /// the arena of their keys and values (with what changes since replaced).
+    #[must_use]
+    pub fn memory(&self) -> usize {
+        self.entries.memory()
+            + self.order.capacity() * size_of::<usize>()
+            + self
+                .ranges
+                .iter()
+                .map(|r| r.range.start.len() + r.range.end.len())
+                .sum::<usize>()
+    }
+
     /// The key at position `at` among the staged keys, as
     /// [`insert_new`](Self::insert_new) reported it.
     #[must_use]
-    pub fn key_at(&self, at: usize) -> Option<&Bytes> {
+    pub fn key_at(&self, at: usize) -> Option<&[u8]> {
         self.entries.get_index(at).map(|(key, _)| key)
     }
 
     /// What is staged for `key`.
     #[must_use]
-    pub fn get(&self, key: &[u8]) -> Option<&Staged> {
-        self.entries.get(key)
+    pub fn get(&self, key: &[u8]) -> Option<Staged<'_>> {
+        self.entry_at(self.entries.index_of(key)?)
+            .map(|(_, staged)| staged)
     }
 
     /// What a read of `key` through the transaction sees, where the transaction decides it:
     /// `Some(Some(value))` written, `Some(None)` deleted; `None` means "as in the store".
     #[must_use]
-    pub fn read(&self, key: &[u8]) -> Option<Option<&Bytes>> {
-        self.entries
-            .get(key)
-            .and_then(|staged| staged.write.as_ref().map(Option::as_ref))
+    pub fn read(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        let packed = self.entries.get(key)?;
+        match packed.write {
+            Write::Untouched => None,
+            Write::Deleted => Some(None),
+            Write::Written => Some(Some(self.entries.arena().get(packed.value(), 0))),
+        }
     }
 
     /// The keys of `range` the transaction writes or deletes, in key order, with what it
@@ -606,9 +735,9 @@ impl StagedWrites {
     pub fn written(
         &self,
         range: (Bound<&[u8]>, Bound<&[u8]>),
-    ) -> impl DoubleEndedIterator<Item = (&Bytes, Option<&Bytes>)> {
+    ) -> impl DoubleEndedIterator<Item = (&[u8], Option<&[u8]>)> {
         self.at(self.positions_in(range))
-            .filter_map(|(key, staged)| Some((key, staged.write.as_ref()?.as_ref())))
+            .filter_map(|(key, staged)| Some((key, staged.write?)))
     }
 
     /// The keys of `range` written or deleted, as [`written`](Self::written).
@@ -616,7 +745,7 @@ impl StagedWrites {
     pub fn written_in(
         &self,
         range: &KeyRange,
-    ) -> impl DoubleEndedIterator<Item = (&Bytes, Option<&Bytes>)> {
+    ) -> impl DoubleEndedIterator<Item = (&[u8], Option<&[u8]>)> {
         self.written((
             Bound::Included(range.start.as_slice()),
             Bound::Excluded(range.end.as_slice()),
@@ -624,15 +753,17 @@ impl StagedWrites {
     }
 
     /// Every entry, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &Staged)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Staged<'_>)> {
         self.ordered()
     }
 
     /// Every entry, in the order the keys were first staged: for a reader that needs each
     /// key once but not their order (a log record), which then reads the entries in the
     /// order they lie in memory.
-    pub fn iter_unordered(&self) -> impl Iterator<Item = (&Bytes, &Staged)> {
-        self.entries.iter()
+    pub fn iter_unordered(&self) -> impl Iterator<Item = (&[u8], Staged<'_>)> {
+        self.entries
+            .spans()
+            .map(|(key, packed)| self.view(key, packed))
     }
 
     /// The ranges that must be unchanged at the commit, in the order they were required.
@@ -648,22 +779,36 @@ impl StagedWrites {
             || self
                 .entries
                 .values()
-                .any(|staged| staged.requirement != Requirement::None)
+                .any(|packed| packed.need != Need::None)
     }
 
     /// Requires `key` to be in `requirement`'s state at the commit, writing nothing, unless
     /// the transaction already decided the key (wrote it or required something of it): then
     /// what it decided stands. Callers state what the snapshot showed before they write a
     /// stored record (an update, a delete) or when they depend on a key they do not write.
-    pub fn require(&mut self, key: Bytes, requirement: Requirement, undo: &mut Undo) {
-        if let Entry::Vacant(slot) = self.entries.entry(key) {
-            undo.created(slot.index());
-            self.bytes += slot.key().len();
-            slot.insert(Staged {
-                requirement,
-                write: None,
-            });
+    ///
+    /// # Errors
+    /// [`KvError::KeyTooLarge`] for a key of 4 GiB or more.
+    pub fn require(
+        &mut self,
+        key: impl AsRef<[u8]>,
+        requirement: Requirement,
+        undo: &mut Undo,
+    ) -> Result<(), KvError> {
+        let key = key.as_ref();
+        if let Lookup::Absent(hash) = self.entries.lookup(key) {
+            undo.changing(|| self.entries.arena().mark());
+            let (need, digest) = Need::of(requirement);
+            let packed = Packed::new(need, Write::Untouched, Span::default());
+            let trailer = digest.as_ref().map_or(&[][..], |digest| &digest[..]);
+            let at = self
+                .entries
+                .push(hash, key, trailer, packed)
+                .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
+            undo.created(at);
+            self.bytes += key.len();
         }
+        Ok(())
     }
 
     /// Requires `range` to hold, at the commit, exactly the pairs whose digest is `digest`:
@@ -723,65 +868,103 @@ impl StagedWrites {
     /// Stages `key = value` whatever was there.
     ///
     /// # Errors
-    /// Never for a put; the signature is shared with the other changes.
-    pub fn put(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Result<(), KvError> {
-        self.step(key, Step::Put(value), undo)
+    /// [`KvError::KeyTooLarge`] or [`KvError::ValueTooLarge`] for a key or value of 4 GiB or
+    /// more.
+    pub fn put(
+        &mut self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        undo: &mut Undo,
+    ) -> Result<(), KvError> {
+        self.step(key.as_ref(), Step::Put(value.as_ref()), undo)
     }
 
     /// Stages `key = value`, requiring the key to be absent unless this transaction already
     /// deleted it.
     ///
     /// # Errors
-    /// [`KvError::ContradictoryWriteSet`] when the transaction already wrote the key.
-    pub fn insert(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> Result<(), KvError> {
-        self.step(key, Step::Insert(value), undo)
+    /// [`KvError::ContradictoryWriteSet`] when the transaction already wrote the key; as
+    /// [`put`](Self::put).
+    pub fn insert(
+        &mut self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        undo: &mut Undo,
+    ) -> Result<(), KvError> {
+        self.step(key.as_ref(), Step::Insert(value.as_ref()), undo)
     }
 
     /// Stages `key = value` unless the transaction already wrote the key or requires it to
     /// be present, in one look-up; says which, and where the key is among the staged keys
     /// (its place stays the same for as long as the key is staged: see
     /// [`rewrite_at`](Self::rewrite_at)).
-    pub fn insert_new(&mut self, key: Bytes, value: Bytes, undo: &mut Undo) -> (Prior, usize) {
-        match self.entries.entry(key) {
-            Entry::Vacant(slot) => {
-                let at = slot.index();
+    ///
+    /// # Errors
+    /// As [`put`](Self::put).
+    pub fn insert_new(
+        &mut self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        undo: &mut Undo,
+    ) -> Result<(Prior, usize), KvError> {
+        let (key, value) = (key.as_ref(), value.as_ref());
+        match self.entries.lookup(key) {
+            Lookup::Absent(hash) => {
+                undo.changing(|| self.entries.arena().mark());
+                let value_span = self.push_value(key, value)?;
+                let packed = Packed::new(Need::Absent, Write::Written, value_span);
+                let at = self
+                    .entries
+                    .push(hash, key, &[], packed)
+                    .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
                 undo.created(at);
-                self.bytes += slot.key().len() + value.len();
-                slot.insert(Staged {
-                    requirement: Requirement::Absent,
-                    write: Some(Some(value)),
-                });
-                (Prior::Unstaged, at)
+                self.bytes += key.len() + value.len();
+                Ok((Prior::Unstaged, at))
             }
-            Entry::Occupied(mut slot) => {
-                let at = slot.index();
-                let (prior, requirement) = match slot.get() {
+            Lookup::At(at) => {
+                let Some((_, previous)) = self.entries.span_at(at) else {
+                    return Ok((Prior::Unstaged, at));
+                };
+                let prior = match (previous.write, previous.need) {
                     // Only a check that the key is absent: the insert makes it one.
-                    Staged {
-                        write: None,
-                        requirement: Requirement::Absent,
-                    } => (Prior::Unstaged, Requirement::Absent),
+                    (Write::Untouched, Need::Absent) => Prior::Unstaged,
                     // Deleted here: written over, with what the store must hold unchanged.
-                    Staged {
-                        write: Some(None),
-                        requirement,
-                    } => (Prior::Deleted, *requirement),
-                    Staged {
-                        write: Some(Some(_)),
-                        ..
-                    } => return (Prior::Written, at),
-                    Staged { write: None, .. } => return (Prior::Required, at),
+                    (Write::Deleted, _) => Prior::Deleted,
+                    (Write::Written, _) => return Ok((Prior::Written, at)),
+                    (Write::Untouched, _) => return Ok((Prior::Required, at)),
                 };
-                let next = Staged {
-                    requirement,
-                    write: Some(Some(value)),
-                };
-                let previous = std::mem::replace(slot.get_mut(), next);
-                self.bytes -= previous.bytes(slot.key());
-                self.bytes += slot.get().bytes(slot.key());
-                undo.changed(at, previous);
-                (prior, at)
+                undo.changing(|| self.entries.arena().mark());
+                let value_span = self.push_value(key, value)?;
+                self.replace(
+                    at,
+                    Packed::new(previous.need, Write::Written, value_span),
+                    undo,
+                );
+                Ok((prior, at))
             }
+        }
+    }
+
+    /// Copies `value`, `key`'s, into the arena.
+    fn push_value(&mut self, key: &[u8], value: &[u8]) -> Result<Span, KvError> {
+        self.entries
+            .arena_mut()
+            .push(&[value], 1)
+            .map_err(|len| KvError::ValueTooLarge {
+                key: key.to_vec(),
+                len,
+                max: u32::MAX as usize,
+            })
+    }
+
+    /// Sets the entry at `at` to `next`, keeping the byte count and recording what it held
+    /// in `undo`.
+    fn replace(&mut self, at: usize, next: Packed, undo: &mut Undo) {
+        if let Some(slot) = self.entries.value_mut(at) {
+            let previous = mem::replace(slot, next);
+            self.bytes -= previous.value_len();
+            self.bytes += next.value_len();
+            undo.changed(at, previous);
         }
     }
 
@@ -790,12 +973,12 @@ impl StagedWrites {
     /// is by returning `None`.
     ///
     /// # Errors
-    /// `rewrite`'s error; nothing is changed then.
-    pub fn rewrite<E>(
+    /// `rewrite`'s error, or a new value of 4 GiB or more; nothing is changed then.
+    pub fn rewrite<E: From<KvError>, V: AsRef<[u8]>>(
         &mut self,
         key: &[u8],
         undo: &mut Undo,
-        rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
+        rewrite: impl FnOnce(&[u8]) -> Result<Option<V>, E>,
     ) -> Result<bool, E> {
         match self.entries.index_of(key) {
             Some(at) => self.rewrite_at(at, undo, rewrite),
@@ -809,46 +992,54 @@ impl StagedWrites {
     /// until a change that created it is taken back; `at` past the staged keys is no key.
     ///
     /// # Errors
-    /// `rewrite`'s error; nothing is changed then.
-    pub fn rewrite_at<E>(
+    /// As [`rewrite`](Self::rewrite).
+    pub fn rewrite_at<E: From<KvError>, V: AsRef<[u8]>>(
         &mut self,
         at: usize,
         undo: &mut Undo,
-        rewrite: impl FnOnce(&Bytes) -> Result<Option<Bytes>, E>,
+        rewrite: impl FnOnce(&[u8]) -> Result<Option<V>, E>,
     ) -> Result<bool, E> {
-        let Some((_, staged)) = self.entries.get_index_mut(at) else {
+        let Some((key, packed)) = self.entries.span_at(at) else {
             return Ok(false);
         };
-        let Some(Some(old)) = &staged.write else {
+        if packed.write != Write::Written {
             return Ok(false);
-        };
-        let Some(new) = rewrite(old)? else {
+        }
+        let Some(new) = rewrite(self.entries.arena().get(packed.value(), 0))? else {
             return Ok(true);
         };
-        let (old_len, new_len) = (old.len(), new.len());
-        let previous = Staged {
-            requirement: staged.requirement,
-            write: staged.write.replace(Some(new)),
+        undo.changing(|| self.entries.arena().mark());
+        let span = match self.entries.arena_mut().push(&[new.as_ref()], 1) {
+            Ok(span) => span,
+            Err(len) => {
+                let key = self.entries.arena().get(key, 0).to_vec();
+                let max = u32::MAX as usize;
+                return Err(KvError::ValueTooLarge { key, len, max }.into());
+            }
         };
-        self.bytes = self.bytes - old_len + new_len;
-        undo.changed(at, previous);
+        self.replace(at, Packed::new(packed.need, Write::Written, span), undo);
         Ok(true)
     }
 
     /// Stages the removal of `key`, if present.
     ///
     /// # Errors
-    /// Never for a delete; the signature is shared with the other changes.
-    pub fn delete(&mut self, key: Bytes, undo: &mut Undo) -> Result<(), KvError> {
-        self.step(key, Step::Delete, undo)
+    /// [`KvError::KeyTooLarge`] for a key of 4 GiB or more.
+    pub fn delete(&mut self, key: impl AsRef<[u8]>, undo: &mut Undo) -> Result<(), KvError> {
+        self.step(key.as_ref(), Step::Delete, undo)
     }
 
     /// Requires `key` to be present at the commit, unless the transaction writes it itself.
     ///
     /// # Errors
-    /// [`KvError::ContradictoryWriteSet`] when the transaction deleted the key.
-    pub fn require_present(&mut self, key: Bytes, undo: &mut Undo) -> Result<(), KvError> {
-        self.step(key, Step::RequirePresent, undo)
+    /// [`KvError::ContradictoryWriteSet`] when the transaction deleted the key; as
+    /// [`delete`](Self::delete).
+    pub fn require_present(
+        &mut self,
+        key: impl AsRef<[u8]>,
+        undo: &mut Undo,
+    ) -> Result<(), KvError> {
+        self.step(key.as_ref(), Step::RequirePresent, undo)
     }
 
     /// Stages one [`Mutation`].
@@ -861,13 +1052,9 @@ impl StagedWrites {
             Mutation::Insert { key, value } => self.insert(key, value, undo),
             Mutation::Delete { key } => self.delete(key, undo),
             Mutation::RequirePresent { key } => self.require_present(key, undo),
-            Mutation::RequireAbsent { key } => {
-                self.require(key, Requirement::Absent, undo);
-                Ok(())
-            }
+            Mutation::RequireAbsent { key } => self.require(key, Requirement::Absent, undo),
             Mutation::RequireUnchanged { key, digest } => {
-                self.require(key, Requirement::Unchanged(digest), undo);
-                Ok(())
+                self.require(key, Requirement::Unchanged(digest), undo)
             }
             Mutation::RequireRange { range, digest } => {
                 self.require_range(range, digest, undo);
@@ -876,7 +1063,8 @@ impl StagedWrites {
         }
     }
 
-    /// Takes back every change `undo` recorded, newest first.
+    /// Takes back every change `undo` recorded, newest first, and gives back the arena bytes
+    /// the changes added.
     pub fn undo(&mut self, undo: Undo) {
         if let Some(before) = undo.ranges_before {
             for range in self.ranges.drain(before..) {
@@ -886,83 +1074,87 @@ impl StagedWrites {
         // The keys staged before the change, newest change first so that a key changed twice
         // ends as it was before the first; then the keys it created, from the end.
         for (at, previous) in undo.previous.into_iter().rev() {
-            if let Some((key, now)) = self.entries.get_index_mut(at) {
-                self.bytes += previous.bytes(key);
-                let now = std::mem::replace(now, previous);
-                self.bytes -= now.bytes(key);
+            if let Some(now) = self.entries.value_mut(at) {
+                let now = mem::replace(now, previous);
+                self.bytes += previous.value_len();
+                self.bytes -= now.value_len();
             }
         }
         if let Some(from) = undo.created_from {
             let mut removed = 0;
             self.entries
-                .truncate(from, |key, now| removed += now.bytes(&key));
+                .truncate(from, |key, now| removed += key.len() + now.value_len());
             self.bytes -= removed;
             self.unseal_from(from);
+        }
+        // Every entry left names bytes from before the change: what it held then.
+        if let Some(mark) = undo.arena_before {
+            self.entries.arena_mut().truncate(mark);
         }
     }
 
     /// Folds a change of `key` into what is staged for it. The state the key is in at this
     /// point is known when the transaction wrote it; otherwise it is the store's.
-    fn step(&mut self, key: Bytes, step: Step, undo: &mut Undo) -> Result<(), KvError> {
-        match self.entries.entry(key) {
-            Entry::Vacant(slot) => {
-                let staged = match step {
-                    Step::Put(value) => Staged {
-                        requirement: Requirement::None,
-                        write: Some(Some(value)),
-                    },
-                    Step::Insert(value) => Staged {
-                        requirement: Requirement::Absent,
-                        write: Some(Some(value)),
-                    },
-                    Step::Delete => Staged {
-                        requirement: Requirement::None,
-                        write: Some(None),
-                    },
-                    Step::RequirePresent => Staged {
-                        requirement: Requirement::Present,
-                        write: None,
-                    },
+    fn step(&mut self, key: &[u8], step: Step<'_>, undo: &mut Undo) -> Result<(), KvError> {
+        let value = match step {
+            Step::Put(value) | Step::Insert(value) => Some(value),
+            Step::Delete | Step::RequirePresent => None,
+        };
+        match self.entries.lookup(key) {
+            Lookup::Absent(hash) => {
+                undo.changing(|| self.entries.arena().mark());
+                let span = match value {
+                    Some(value) => self.push_value(key, value)?,
+                    None => Span::default(),
                 };
-                undo.created(slot.index());
-                self.bytes += staged.bytes(slot.key());
-                slot.insert(staged);
+                let packed = match step {
+                    Step::Put(_) => Packed::new(Need::None, Write::Written, span),
+                    Step::Insert(_) => Packed::new(Need::Absent, Write::Written, span),
+                    Step::Delete => Packed::new(Need::None, Write::Deleted, span),
+                    Step::RequirePresent => Packed::new(Need::Present, Write::Untouched, span),
+                };
+                let at = self
+                    .entries
+                    .push(hash, key, &[], packed)
+                    .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
+                undo.created(at);
+                self.bytes += key.len() + packed.value_len();
             }
-            Entry::Occupied(mut slot) => {
-                let mut next = slot.get().clone();
+            Lookup::At(at) => {
+                let Some((_, now)) = self.entries.span_at(at) else {
+                    return Ok(());
+                };
                 let contradiction = |reason| KvError::ContradictoryWriteSet {
-                    key: slot.key().to_vec(),
+                    key: key.to_vec(),
                     reason,
                 };
-                let present_here = match (&next.write, next.requirement) {
-                    (Some(value), _) => Some(value.is_some()),
-                    (None, Requirement::Present | Requirement::Unchanged(_)) => Some(true),
-                    (None, Requirement::Absent) => Some(false),
-                    (None, Requirement::None) => None,
+                let present_here = match (now.write, now.need) {
+                    (Write::Written, _) | (Write::Untouched, Need::Present | Need::Unchanged) => {
+                        Some(true)
+                    }
+                    (Write::Deleted, _) | (Write::Untouched, Need::Absent) => Some(false),
+                    (Write::Untouched, Need::None) => None,
                 };
-                match step {
-                    Step::Put(value) => next.write = Some(Some(value)),
-                    Step::Delete => next.write = Some(None),
-                    Step::Insert(value) => match present_here {
-                        Some(true) => return Err(contradiction("inserted after it was written")),
-                        Some(false) => next.write = Some(Some(value)),
-                        None => {
-                            next.requirement = Requirement::Absent;
-                            next.write = Some(Some(value));
-                        }
-                    },
-                    Step::RequirePresent => match present_here {
-                        Some(true) => {}
-                        Some(false) => {
-                            return Err(contradiction("required after it was deleted"));
-                        }
-                        None => next.requirement = Requirement::Present,
-                    },
-                }
-                let previous = std::mem::replace(slot.get_mut(), next);
-                self.bytes -= previous.bytes(slot.key());
-                self.bytes += slot.get().bytes(slot.key());
-                undo.changed(slot.index(), previous);
+                let need = match (step, present_here) {
+                    (Step::Insert(_), Some(true)) => {
+                        return Err(contradiction("inserted after it was written"));
+                    }
+                    (Step::RequirePresent, Some(false)) => {
+                        return Err(contradiction("required after it was deleted"));
+                    }
+                    (Step::Insert(_), None) => Need::Absent,
+                    (Step::RequirePresent, None) => Need::Present,
+                    _ => now.need,
+                };
+                undo.changing(|| self.entries.arena().mark());
+                let next = match step {
+                    Step::Put(value) | Step::Insert(value) => {
+                        Packed::new(need, Write::Written, self.push_value(key, value)?)
+                    }
+                    Step::Delete => Packed::new(need, Write::Deleted, Span::default()),
+                    Step::RequirePresent => now.with_need(need),
+                };
+                self.replace(at, next, undo);
             }
         }
         Ok(())
@@ -982,17 +1174,17 @@ impl StagedWrites {
                 max_bytes: limits.max_write_set_bytes,
             });
         }
-        for (key, staged) in self.entries.iter() {
+        for (key, packed) in self.entries.iter() {
             if key.len() > limits.max_key_bytes {
                 return Err(KvError::KeyTooLarge {
                     len: key.len(),
                     max: limits.max_key_bytes,
                 });
             }
-            if staged.value_len() > limits.max_value_bytes {
+            if packed.value_len() > limits.max_value_bytes {
                 return Err(KvError::ValueTooLarge {
                     key: key.to_vec(),
-                    len: staged.value_len(),
+                    len: packed.value_len(),
                     max: limits.max_value_bytes,
                 });
             }
@@ -1002,53 +1194,84 @@ impl StagedWrites {
 
     /// These writes with every key passed through `key`, which must keep their order (a
     /// backend that puts its keys under a prefix of its own).
-    #[must_use]
-    pub fn map_keys(&self, key: impl Fn(&[u8]) -> Bytes) -> StagedWrites {
+    ///
+    /// # Errors
+    /// [`KvError::KeyTooLarge`] for a mapped key of 4 GiB or more, and
+    /// [`KvError::ContradictoryWriteSet`] for two keys mapped to one.
+    pub fn map_keys<K: AsRef<[u8]>>(
+        &self,
+        key: impl Fn(&[u8]) -> K,
+    ) -> Result<StagedWrites, KvError> {
+        let mut mapped = StagedWrites::default();
+        mapped.reserve(self.entries.len());
         // In key order, so that the new keys, in the same order, are sealed as they are.
-        let entries: Entries = self
-            .ordered()
-            .map(|(k, staged)| (key(k), staged.clone()))
-            .collect();
-        let ranges: Vec<RangeRequirement> = self
-            .ranges
-            .iter()
-            .map(|required| RangeRequirement {
-                range: KeyRange::new(
-                    key(&required.range.start).to_vec(),
-                    key(&required.range.end).to_vec(),
-                ),
-                digest: required.digest,
-            })
-            .collect();
-        let bytes = entries.iter().map(|(k, s)| s.bytes(k)).sum::<usize>()
-            + ranges
-                .iter()
-                .map(|r| r.range.start.len() + r.range.end.len())
-                .sum::<usize>();
+        for (k, staged) in self.ordered() {
+            mapped.copy_in(key(k).as_ref(), staged)?;
+        }
+        let mut undo = Undo::off();
+        for required in &self.ranges {
+            let range = KeyRange::new(
+                key(&required.range.start).as_ref().to_vec(),
+                key(&required.range.end).as_ref().to_vec(),
+            );
+            mapped.require_range(range, required.digest, &mut undo);
+        }
         // Keys that kept their order are sealed; keys that did not are sorted again.
-        let in_order = entries.len() == self.entries.len()
-            && entries
-                .keys()
-                .zip(entries.keys().skip(1))
-                .all(|(a, b)| cmp_keys(a, b) == Ordering::Less);
-        let (order, sealed) = if in_order {
-            ((0..entries.len()).collect(), entries.len())
-        } else {
-            (Vec::new(), 0)
-        };
-        let mut mapped = StagedWrites {
-            entries,
-            order,
-            sealed,
-            ranges,
-            bytes,
-            read_at: None,
-        };
+        let in_order = mapped
+            .entries
+            .keys()
+            .zip(mapped.entries.keys().skip(1))
+            .all(|(a, b)| cmp_keys(a, b) == Ordering::Less);
+        if in_order {
+            mapped.order = (0..mapped.entries.len()).collect();
+            mapped.sealed = mapped.entries.len();
+        }
         mapped.seal();
-        mapped
+        Ok(mapped)
+    }
+
+    /// Stages `key`, not staged yet, as `staged` says: for copying entries whole
+    /// ([`map_keys`](Self::map_keys)), not a change a transaction makes.
+    fn copy_in(&mut self, key: &[u8], staged: Staged<'_>) -> Result<(), KvError> {
+        let Lookup::Absent(hash) = self.entries.lookup(key) else {
+            return Err(KvError::ContradictoryWriteSet {
+                key: key.to_vec(),
+                reason: "staged twice under one key",
+            });
+        };
+        let (need, digest) = Need::of(staged.requirement);
+        let (write, span) = match staged.write {
+            None => (Write::Untouched, Span::default()),
+            Some(None) => (Write::Deleted, Span::default()),
+            Some(Some(value)) => (Write::Written, self.push_value(key, value)?),
+        };
+        let packed = Packed::new(need, write, span);
+        let trailer = digest.as_ref().map_or(&[][..], |digest| &digest[..]);
+        self.entries
+            .push(hash, key, trailer, packed)
+            .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
+        self.bytes += key.len() + packed.value_len();
+        Ok(())
     }
 }
 
+/// The error for a key the staged writes cannot add.
+fn refused(full: Full, keys: usize, bytes: usize) -> KvError {
+    match full {
+        Full::Key(len) => KvError::KeyTooLarge {
+            len,
+            max: u32::MAX as usize,
+        },
+        Full::Keys => KvError::WriteSetTooLarge {
+            ops: keys + 1,
+            bytes,
+            max_ops: keys,
+            max_bytes: usize::MAX,
+        },
+    }
+}
+
+mod arena;
 mod slots;
 #[cfg(test)]
 mod tests;

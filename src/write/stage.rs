@@ -36,11 +36,10 @@ use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, Staged
 use crate::model::Violation;
 use crate::model::{CatalogTable, Cell, TableId};
 
-/// Bytes of bookkeeping per staged key beyond its key and value: its entry (the key's buffer
-/// handle and its state, 88 bytes), its hash table slot (16 bytes, up to twice over in a table
-/// that has just doubled), its position in the key order (8), and the seal's sort buffers
-/// while a commit sorts it.
-const BYTES_PER_KEY: usize = 160;
+/// Bytes per unsealed staged key that the staged writes do not hold yet but will: the sort
+/// buffers of the seal that puts it in key order (two of 32 bytes each) while a commit or a
+/// view sorts it, and its position in the order (8).
+const SEAL_BYTES_PER_KEY: usize = 72;
 /// Bytes of bookkeeping per inserted data file (its mapping reference) and per inserted
 /// mapping (the id map).
 const BYTES_PER_REFERENCE: usize = 48;
@@ -140,6 +139,14 @@ struct Arena {
 }
 
 impl Arena {
+    /// What `build` writes, in the arena's scratch buffer until the next build: a value the
+    /// staged writes copy at once.
+    fn value(&mut self, build: impl FnOnce(&mut Vec<u8>)) -> &[u8] {
+        self.scratch.clear();
+        build(&mut self.scratch);
+        &self.scratch
+    }
+
     /// Bytes holding what `build` writes.
     fn build(&mut self, build: impl FnOnce(&mut Vec<u8>)) -> Bytes {
         self.scratch.clear();
@@ -270,14 +277,14 @@ impl Staging {
     /// waiting for their mapping, and what the open request would need to be taken back.
     #[must_use]
     pub fn memory(&self) -> u64 {
-        let keys = self.writes.len()
-            + self.undo.len()
-            + self
-                .journal
-                .as_ref()
-                .map_or(0, |journal| journal.changes.len());
-        let bytes = self.writes.bytes()
-            + keys * BYTES_PER_KEY
+        let changes = self
+            .journal
+            .as_ref()
+            .map_or(0, |journal| journal.changes.capacity());
+        let bytes = self.writes.memory()
+            + self.writes.unsealed() * SEAL_BYTES_PER_KEY
+            + self.undo.memory()
+            + changes * size_of::<Change>()
             + (self.references.len() + self.inserted_ids.len()) * BYTES_PER_REFERENCE
             + self.waiting_bytes
             + self.arena.buf.capacity()
@@ -464,11 +471,7 @@ impl Staging {
             let ([guard, mark], [guard_value, mark_value]) = (keys, values) else {
                 continue;
             };
-            writes.require(
-                Bytes::from(guard.clone()),
-                as_read(guard_value.as_deref()),
-                undo,
-            );
+            writes.require(guard, as_read(guard_value.as_deref()), undo)?;
             if mark_value.is_none() && writes.read(mark).is_none() {
                 writes.put(Bytes::from(mark.clone()), Bytes::new(), undo)?;
                 marked = true;
@@ -505,7 +508,7 @@ impl Staging {
             let stored = self.base.values(std::slice::from_ref(&key)).await?;
             let stored = stored.into_iter().next().flatten();
             let (writes, undo, _, _) = self.parts();
-            writes.require(Bytes::from(key), as_read(stored.as_deref()), undo);
+            writes.require(key, as_read(stored.as_deref()), undo)?;
         }
         Ok(())
     }
@@ -525,10 +528,10 @@ impl Staging {
         let (writes, undo, _, _) = self.parts();
         for key in keys {
             let now = if let Some(staged) = writes.read(&key) {
-                staged.map(|value| value.to_vec())
+                staged.map(<[u8]>::to_vec)
             } else {
                 let stored = stored.remove(&key).flatten();
-                writes.require(Bytes::from(key.clone()), as_read(stored.as_deref()), undo);
+                writes.require(&key, as_read(stored.as_deref()), undo)?;
                 stored
             };
             let count = now
@@ -622,7 +625,7 @@ impl Staging {
         if keys {
             for (key, value) in self.writes.written_in(range) {
                 if value.is_some() {
-                    view.insert(key.clone());
+                    view.insert(Bytes::copy_from_slice(key));
                 } else {
                     view.remove(key);
                 }
@@ -651,13 +654,13 @@ impl Staging {
         let values = self.base.values(&keys).await?;
         let (writes, undo, _, _) = self.parts();
         for (key, value) in keys.into_iter().zip(values) {
-            writes.require(Bytes::from(key), as_read(value.as_deref()), undo);
+            writes.require(key, as_read(value.as_deref()), undo)?;
         }
         if kind == Kind::DataFile {
             let found: BTreeSet<i64> = rows.iter().map(|row| row.id).collect();
             for id in asked.iter().filter(|id| !found.contains(id)) {
                 let key = keyspace.row_key(Kind::DataFileById, TableId(0), *id);
-                writes.require(Bytes::from(key), Requirement::Absent, undo);
+                writes.require(key, Requirement::Absent, undo)?;
             }
         }
         Ok(())
@@ -776,8 +779,8 @@ impl Staging {
             let has_names = !names.is_empty();
             let row = self.row_and_index(Kind::Mapping, TableId(table_id), mapping_id);
             let (writes, undo, arena, _) = self.parts();
-            let value = arena.build(|out| encode_mapping_into(out, &head, names.iter().copied()));
-            let (prior, at) = writes.insert_new(row.key, value, undo);
+            let value = arena.value(|out| encode_mapping_into(out, &head, names.iter().copied()));
+            let (prior, at) = writes.insert_new(row.key, value, undo)?;
             match prior {
                 // Absent, or deleted by this transaction: created (again).
                 Prior::Unstaged | Prior::Deleted => {}
@@ -899,11 +902,11 @@ impl Staging {
                 let (writes, undo, arena, keyspace) = self.parts();
                 debug_assert!(
                     writes.key_at(at).is_some_and(|key| {
-                        **key == *keyspace.row_key(Kind::Mapping, TableId(table_id), mapping_id)
+                        *key == *keyspace.row_key(Kind::Mapping, TableId(table_id), mapping_id)
                     }),
                     "mapping {mapping_id}'s record is not where it was staged"
                 );
-                writes.rewrite_at(at, undo, |value| -> Result<Option<Bytes>> {
+                writes.rewrite_at(at, undo, |value| -> Result<Option<&[u8]>> {
                     let record = read_mapping(value)?;
                     let head = record.head();
                     let existing: Vec<NameRef<'_>> = record.names().collect::<Result<_, _>>()?;
@@ -921,7 +924,7 @@ impl Staging {
                         return Ok(None);
                     }
                     outcome = Some(Ok(pending));
-                    Ok(Some(arena.build(|out| {
+                    Ok(Some(Arena::value(arena, |out| {
                         encode_mapping_into(out, &head, merged.iter().copied());
                     })))
                 })?
@@ -1008,7 +1011,7 @@ impl Staging {
             let (writes, undo, arena, _) = self.parts();
             // One look-up both finds an id the transaction already wrote and stages the new
             // one's index entry.
-            match writes.insert_new(file.index_key, file.index_value, undo).0 {
+            match writes.insert_new(file.index_key, file.index_value, undo)?.0 {
                 Prior::Unstaged | Prior::Deleted => {}
                 Prior::Written => {
                     violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
@@ -1020,7 +1023,7 @@ impl Staging {
                 }
             }
             let mut encoded = Ok(());
-            let value = arena.build(|out| {
+            let value = arena.value(|out| {
                 encoded = encode_data_file_into(out, |i| rows.cell(i, row));
             });
             encoded?;
@@ -1243,7 +1246,7 @@ impl Staging {
             }
             let (writes, undo, arena, _) = self.parts();
             let mut encoded = Ok(());
-            let ended = arena.build(|out| {
+            let ended = arena.value(|out| {
                 encoded = encode_data_file_into(out, |i| {
                     if i == data_file::END_SNAPSHOT {
                         Cell::BigInt(end_snapshot)
@@ -1253,7 +1256,6 @@ impl Staging {
                 });
             });
             encoded?;
-            let key = Bytes::from(key);
             let created_here = writes
                 .get(&key)
                 .is_some_and(|staged| staged.requirement == Requirement::Absent);

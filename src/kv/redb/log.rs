@@ -157,12 +157,7 @@ impl Log {
             groups
                 .clone()
                 .flat_map(StagedWrites::iter_unordered)
-                .filter_map(|(key, staged)| {
-                    staged
-                        .write
-                        .as_ref()
-                        .map(|value| (key.as_ref(), value.as_deref()))
-                })
+                .filter_map(|(key, staged)| staged.write.map(|value| (key, value)))
         };
         let mut length = PAYLOAD_HEAD;
         let mut count = 0_usize;

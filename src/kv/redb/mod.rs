@@ -818,7 +818,7 @@ impl Committed {
         writes.first_unmet(
             |key| {
                 if let Some(written) = layers().rev().find_map(|layer| layer.read(key)) {
-                    return Ok(written.map(|value| value.to_vec()));
+                    return Ok(written.map(<[u8]>::to_vec));
                 }
                 Ok(self
                     .table
@@ -1022,12 +1022,9 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
         let mut changes = Derived::recorded(&txn)?;
         let mut table = txn.open_table(DATA)?;
         for writes in writes {
-            let pairs = writes.iter().filter_map(|(key, staged)| {
-                staged
-                    .write
-                    .as_ref()
-                    .map(|value| (key.as_ref(), value.as_deref()))
-            });
+            let pairs = writes
+                .iter()
+                .filter_map(|(key, staged)| staged.write.map(|value| (key, value)));
             if writes.len() >= CURSOR_APPLY_PAIRS {
                 put_in_order(&mut table, &mut changes, pairs)?;
             } else {

@@ -1,7 +1,7 @@
 use super::*;
 
-fn b(text: &str) -> Bytes {
-    Bytes::copy_from_slice(text.as_bytes())
+fn b(text: &str) -> Vec<u8> {
+    text.as_bytes().to_vec()
 }
 
 #[test]
@@ -19,7 +19,7 @@ fn changes_fold_per_key_and_undo_restores_exactly() {
         .expect("re-insert");
     staged.put(b("b"), b("3"), &mut second).expect("put");
     staged.put(b("c"), b("4"), &mut second).expect("put");
-    assert_eq!(staged.read(b"a"), Some(Some(&b("22"))));
+    assert_eq!(staged.read(b"a"), Some(Some(&b"22"[..])));
     assert_eq!(
         staged.get(b"a").map(|s| s.requirement),
         Some(Requirement::Absent),
@@ -47,18 +47,16 @@ fn created_keys_are_taken_back_without_a_log_entry_each() {
 
     let mut change = Undo::new();
     for i in 0..100 {
-        let key = Bytes::from(format!("new{i:03}"));
-        staged
-            .insert(key.clone(), b("v"), &mut change)
-            .expect("insert");
-        let rewritten = staged.rewrite(&key, &mut change, |_| Ok::<_, ()>(Some(b("vv"))));
+        let key = format!("new{i:03}").into_bytes();
+        staged.insert(&key, b("v"), &mut change).expect("insert");
+        let rewritten = staged.rewrite(&key, &mut change, |_| Ok::<_, KvError>(Some(b("vv"))));
         assert_eq!(rewritten, Ok(true));
     }
-    assert_eq!(change.len(), 0, "created keys are not logged one by one");
+    assert_eq!(change.logged(), 0, "created keys are not logged one by one");
     staged.put(b("old"), b("2"), &mut change).expect("put");
     staged.delete(b("old"), &mut change).expect("delete");
     assert_eq!(
-        change.len(),
+        change.logged(),
         2,
         "a key staged before the change is logged per change"
     );
@@ -71,7 +69,7 @@ fn created_keys_are_taken_back_without_a_log_entry_each() {
         1,
         "the key order forgets the created keys"
     );
-    assert_eq!(staged.read(b"old"), Some(Some(&b("1"))));
+    assert_eq!(staged.read(b"old"), Some(Some(&b"1"[..])));
 }
 
 #[test]
@@ -100,7 +98,7 @@ fn written_leaves_out_requirements() {
     let range = KeyRange::new(b"a".to_vec(), b"z".to_vec());
     let seen: Vec<_> = staged
         .written_in(&range)
-        .map(|(k, v)| (k.clone(), v.cloned()))
+        .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
         .collect();
     assert_eq!(seen, vec![(b("b"), None), (b("c"), Some(b("3")))]);
 }
@@ -150,14 +148,13 @@ proptest::proptest! {
         let (first, last) = keys.split_at(kept);
         for (tail, value) in first {
             let key = [prefix.as_slice(), tail].concat();
-            staged.put(Bytes::from(key.clone()), Bytes::from(vec![*value]), &mut Undo::off())
-                .expect("put");
+            staged.put(&key, [*value], &mut Undo::off()).expect("put");
             expected.insert(key);
         }
         let mut undo = Undo::new();
         for (tail, value) in last {
             let key = [prefix.as_slice(), tail].concat();
-            staged.put(Bytes::from(key), Bytes::from(vec![*value]), &mut undo).expect("put");
+            staged.put(key, [*value], &mut undo).expect("put");
         }
         staged.undo(undo);
         staged.seal();
@@ -198,11 +195,11 @@ fn action() -> impl proptest::strategy::Strategy<Value = Action> {
 
 /// Keys of varied lengths that share prefixes, some longer than a sort head, so that the
 /// word-wise order and the sort's ties are exercised.
-fn key_of(k: u8) -> Bytes {
+fn key_of(k: u8) -> Vec<u8> {
     let mut key = vec![7_u8; usize::from(k % 3) * 12];
     key.push(k / 3);
     key.extend(std::iter::repeat_n(k, usize::from(k % 4)));
-    Bytes::from(key)
+    key
 }
 
 proptest::proptest! {
@@ -221,14 +218,12 @@ proptest::proptest! {
         let mut kept: Vec<Action> = Vec::new();
         let mut open: Vec<Action> = Vec::new();
         let apply = |staged: &mut StagedWrites, undo: &mut Undo, action: &Action| match action {
-            Action::Put(k, v) => drop(staged.put(key_of(*k), Bytes::from(vec![*v]), undo)),
-            Action::Insert(k, v) => drop(staged.insert(key_of(*k), Bytes::from(vec![*v]), undo)),
+            Action::Put(k, v) => drop(staged.put(key_of(*k), [*v], undo)),
+            Action::Insert(k, v) => drop(staged.insert(key_of(*k), [*v], undo)),
             Action::Delete(k) => drop(staged.delete(key_of(*k), undo)),
             Action::RequirePresent(k) => drop(staged.require_present(key_of(*k), undo)),
             Action::Rewrite(k, v) => {
-                let _ = staged.rewrite(&key_of(*k), undo, |_| {
-                    Ok::<_, ()>(Some(Bytes::from(vec![*v, *v])))
-                });
+                let _ = staged.rewrite(&key_of(*k), undo, |_| Ok::<_, KvError>(Some([*v, *v])));
             }
             Action::Seal => staged.seal(),
             Action::EndRequest(_) => {}
@@ -257,29 +252,22 @@ proptest::proptest! {
             apply(&mut model, &mut model_undo, action);
         }
         proptest::prop_assert_eq!(&staged, &model);
-        let in_order: Vec<(Bytes, Staged)> =
-            staged.iter().map(|(k, s)| (k.clone(), s.clone())).collect();
-        let mut expected: Vec<(Bytes, Staged)> =
-            model.entries.iter().map(|(k, s)| (k.clone(), s.clone())).collect();
-        expected.sort_by(|a, b| a.0.cmp(&b.0));
+        let in_order: Vec<(&[u8], Staged<'_>)> = staged.iter().collect();
+        let mut expected: Vec<(&[u8], Staged<'_>)> = model.iter_unordered().collect();
+        expected.sort_by(|a, b| a.0.cmp(b.0));
         proptest::prop_assert_eq!(&in_order, &expected);
         let (start, end) = (key_of(lo), key_of(lo.saturating_add(len)));
         let range = (Bound::Included(start.as_ref()), Bound::Excluded(end.as_ref()));
-        let written: Vec<(Bytes, Option<Bytes>)> = staged
-            .written(range)
-            .map(|(k, v)| (k.clone(), v.cloned()))
-            .collect();
-        let want: Vec<(Bytes, Option<Bytes>)> = expected
+        let written: Vec<(&[u8], Option<&[u8]>)> = staged.written(range).collect();
+        let want: Vec<(&[u8], Option<&[u8]>)> = expected
             .iter()
-            .filter(|(k, _)| k.as_ref() >= start.as_ref() && k.as_ref() < end.as_ref())
-            .filter_map(|(k, s)| Some((k.clone(), s.write.clone()?)))
+            .filter(|(k, _)| *k >= start.as_slice() && *k < end.as_slice())
+            .filter_map(|(k, s)| Some((*k, s.write?)))
             .collect();
         proptest::prop_assert_eq!(&written, &want);
-        staged.seal();
-        let sealed: Vec<(Bytes, Option<Bytes>)> = staged
-            .written(range)
-            .map(|(k, v)| (k.clone(), v.cloned()))
-            .collect();
+        let mut sealed = staged.clone();
+        sealed.seal();
+        let sealed: Vec<(&[u8], Option<&[u8]>)> = sealed.written(range).collect();
         proptest::prop_assert_eq!(sealed, want);
     }
 }
@@ -291,16 +279,20 @@ proptest::proptest! {
 fn a_key_is_rewritten_where_insert_new_staged_it() {
     let mut staged = StagedWrites::new();
     let mut undo = Undo::new();
-    let (prior, at_b) = staged.insert_new(b("b"), b("1"), &mut undo);
+    let (prior, at_b) = staged
+        .insert_new(b("b"), b("1"), &mut undo)
+        .expect("insert");
     assert_eq!(prior, Prior::Unstaged);
-    let (_, at_a) = staged.insert_new(b("a"), b("2"), &mut undo);
+    let (_, at_a) = staged
+        .insert_new(b("a"), b("2"), &mut undo)
+        .expect("insert");
     staged.seal();
-    assert_eq!(staged.key_at(at_b), Some(&b("b")));
-    assert_eq!(staged.key_at(at_a), Some(&b("a")));
-    let rewrite = |to: &'static str| move |_: &Bytes| Ok::<_, ()>(Some(b(to)));
+    assert_eq!(staged.key_at(at_b), Some(&b"b"[..]));
+    assert_eq!(staged.key_at(at_a), Some(&b"a"[..]));
+    let rewrite = |to: &'static str| move |_: &[u8]| Ok::<_, KvError>(Some(b(to)));
     assert_eq!(staged.rewrite_at(at_b, &mut undo, rewrite("11")), Ok(true));
-    assert_eq!(staged.read(b"b"), Some(Some(&b("11"))));
-    assert_eq!(staged.read(b"a"), Some(Some(&b("2"))), "only b's record");
+    assert_eq!(staged.read(b"b"), Some(Some(&b"11"[..])));
+    assert_eq!(staged.read(b"a"), Some(Some(&b"2"[..])), "only b's record");
 
     staged.delete(b("b"), &mut undo).expect("delete");
     assert_eq!(
@@ -308,18 +300,24 @@ fn a_key_is_rewritten_where_insert_new_staged_it() {
         Ok(false),
         "a deleted key holds no value to rewrite"
     );
-    let (prior, again) = staged.insert_new(b("b"), b("3"), &mut undo);
+    let (prior, again) = staged
+        .insert_new(b("b"), b("3"), &mut undo)
+        .expect("insert");
     assert_eq!((prior, again), (Prior::Deleted, at_b), "the same place");
 
     let mut change = Undo::new();
-    let (_, at_c) = staged.insert_new(b("c"), b("4"), &mut change);
+    let (_, at_c) = staged
+        .insert_new(b("c"), b("4"), &mut change)
+        .expect("insert");
     staged.undo(change);
     assert_eq!(staged.key_at(at_c), None);
     assert_eq!(staged.rewrite_at(at_c, &mut undo, rewrite("y")), Ok(false));
-    let (_, at_d) = staged.insert_new(b("d"), b("5"), &mut undo);
+    let (_, at_d) = staged
+        .insert_new(b("d"), b("5"), &mut undo)
+        .expect("insert");
     assert_eq!(at_d, at_c, "the place is staged again");
     assert_eq!(staged.rewrite_at(at_d, &mut undo, rewrite("55")), Ok(true));
-    assert_eq!(staged.read(b"d"), Some(Some(&b("55"))));
+    assert_eq!(staged.read(b"d"), Some(Some(&b"55"[..])));
     assert_eq!(staged.read(b"c"), None);
 }
 
@@ -334,11 +332,83 @@ fn a_sealed_range_is_read_in_place() {
         staged.put(b(key), b("v"), &mut undo).expect("put");
     }
     let range = (Bound::Included(&b"b"[..]), Bound::Excluded(&b"d"[..]));
-    let unsealed: Vec<Bytes> = staged.written(range).map(|(key, _)| key.clone()).collect();
+    let unsealed: Vec<Vec<u8>> = staged.written(range).map(|(key, _)| key.to_vec()).collect();
     assert!(matches!(staged.positions_in(range), Cow::Owned(_)));
     staged.seal();
     assert!(matches!(staged.positions_in(range), Cow::Borrowed(_)));
-    let sealed: Vec<Bytes> = staged.written(range).map(|(key, _)| key.clone()).collect();
+    let sealed: Vec<Vec<u8>> = staged.written(range).map(|(key, _)| key.to_vec()).collect();
     assert_eq!(sealed, [b("b"), b("c")]);
     assert_eq!(unsealed, sealed);
+}
+
+/// A key required unchanged keeps the digest it was required with (stored after the key in
+/// the arena) through later writes to it, comparisons and a copy under other keys, and the
+/// commit's check reads that digest.
+#[test]
+fn a_key_required_unchanged_keeps_its_digest() {
+    let read = Digest::of_value(b"as read");
+    let mut staged = StagedWrites::new();
+    let mut undo = Undo::new();
+    staged
+        .require(b("k"), Requirement::Unchanged(read), &mut undo)
+        .expect("require");
+    staged.put(b("k"), b("new"), &mut undo).expect("put");
+    staged.put(b("j"), b("other"), &mut undo).expect("put");
+    let expected = Staged {
+        requirement: Requirement::Unchanged(read),
+        write: Some(Some(&b"new"[..])),
+    };
+    assert_eq!(staged.get(b"k"), Some(expected));
+
+    let mapped = staged
+        .map_keys(|key| [&b"p/"[..], key].concat())
+        .expect("map");
+    assert_eq!(mapped.get(b"p/k"), Some(expected));
+    assert_eq!(
+        mapped.get(b"p/j").and_then(|s| s.write),
+        Some(Some(&b"other"[..]))
+    );
+    assert_ne!(mapped, staged);
+    assert_eq!(
+        mapped.map_keys(|key| key[2..].to_vec()).expect("map"),
+        staged
+    );
+
+    let store = |value: &'static [u8]| {
+        staged.first_unmet(
+            |key| Ok::<_, ()>((key == b"k").then_some(value)),
+            |_, _| Ok(()),
+        )
+    };
+    assert_eq!(store(b"as read"), Ok(None));
+    assert_eq!(
+        store(b"changed since"),
+        Ok(Some(Conflict::Changed { key: b("k") }))
+    );
+}
+
+/// A change taken back gives back the arena bytes it added, with the keys it created and
+/// the values it wrote over keys staged before it.
+#[test]
+fn a_change_taken_back_gives_its_arena_bytes_back() {
+    let mut staged = StagedWrites::new();
+    staged
+        .put(b("kept"), b("1"), &mut Undo::off())
+        .expect("put");
+    let (capacity, bytes) = (staged.entries.arena().capacity(), staged.bytes());
+    let mut change = Undo::new();
+    for i in 0..20_000_u32 {
+        staged
+            .insert(i.to_be_bytes(), [7_u8; 100], &mut change)
+            .expect("insert");
+    }
+    staged
+        .put(b("kept"), vec![9_u8; 4 << 20], &mut change)
+        .expect("put");
+    assert!(staged.entries.arena().capacity() > capacity + (5 << 20));
+    staged.undo(change);
+    assert_eq!(staged.entries.arena().capacity(), capacity);
+    assert_eq!(staged.bytes(), bytes);
+    assert_eq!(staged.read(b"kept"), Some(Some(&b"1"[..])));
+    assert_eq!(staged.len(), 1);
 }
