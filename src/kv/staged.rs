@@ -350,8 +350,8 @@ fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize> + Clone) 
     if heads.len() < RADIX_FROM {
         heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
     } else {
-        heads = radix_sorted(heads);
-        // Equal heads keep the order they were staged in: their keys decide.
+        radix_sort(&mut heads);
+        // Equal heads: their keys decide.
         for run in heads.chunk_by_mut(|a, b| a.0 == b.0) {
             if run.len() > 1 {
                 run.sort_unstable_by(|a, b| cmp_keys(key(a.1), key(b.1)));
@@ -370,62 +370,104 @@ type Head = ([u64; 3], usize);
 
 /// From how many keys a seal sorts their heads by radix rather than by comparison.
 const RADIX_FROM: usize = 2_048;
+/// From how many heads a bucket of the radix sort is sorted by its next byte rather than by
+/// comparison: below it, counting 256 buckets costs more than comparing.
+const RADIX_RUN_FROM: usize = 256;
 
-/// `heads` in the order of their heads, equal heads in the order given: a stable counting
-/// sort per byte, least significant byte first, over only the bytes in which some two heads
-/// differ. A transaction's keys share most of their head bytes (the kinds are few, the
-/// tables' and the ids' high bytes are zero), so a sort of millions of keys takes about ten
-/// passes over them, where a comparison sort takes twenty-odd comparisons of each.
-fn radix_sorted(heads: Vec<Head>) -> Vec<Head> {
+/// Sorts `heads` by their heads, in place: a radix sort most significant byte first, over
+/// only the bytes in which some two heads differ. Each pass counts one byte of a run of heads
+/// and moves every head of the run to its byte's bucket by swaps, then sorts each bucket by
+/// the next byte; a run shorter than [`RADIX_RUN_FROM`] is sorted by comparison. A transaction's
+/// keys share most of their head bytes (the kinds are few, the tables' and the ids' high
+/// bytes are zero), so a sort of millions of keys takes a few passes over them, where a
+/// comparison sort takes twenty-odd comparisons of each; and unlike a sort least significant
+/// byte first it needs no second buffer as large as the heads (at a large commit, that buffer
+/// was as large as the staged entries themselves).
+fn radix_sort(heads: &mut [Head]) {
     let Some(&(first, _)) = heads.first() else {
-        return heads;
+        return;
     };
     let mut varying = [0_u64; 3];
-    for (head, _) in &heads {
+    for (head, _) in &*heads {
         for (bits, (word, first)) in varying.iter_mut().zip(head.iter().zip(first)) {
             *bits |= word ^ first;
         }
     }
-    let mut from = heads;
-    let mut to: Vec<Head> = vec![([0; 3], 0); from.len()];
-    for (word, bits) in varying.iter().enumerate().rev() {
-        for shift in (0..64)
-            .step_by(8)
-            .filter(|shift| (bits >> shift) & 0xff != 0)
-        {
-            let digit = |&[first, second, third]: &[u64; 3]| {
-                let word = match word {
-                    0 => first,
-                    1 => second,
-                    _ => third,
-                };
-                let [.., low] = (word >> shift).to_be_bytes();
-                usize::from(low)
-            };
-            let mut next = [0_usize; 256];
-            for (head, _) in &from {
-                if let Some(count) = next.get_mut(digit(head)) {
-                    *count += 1;
-                }
-            }
-            let mut start = 0;
-            for slot in &mut next {
-                let count = *slot;
-                *slot = start;
-                start += count;
-            }
-            for item in &from {
-                if let Some(at) = next.get_mut(digit(&item.0)) {
-                    if let Some(slot) = to.get_mut(*at) {
-                        *slot = *item;
-                    }
-                    *at += 1;
-                }
-            }
-            mem::swap(&mut from, &mut to);
+    // The bytes to sort by, most significant first: word by word, each from its high byte.
+    let digits: Vec<(usize, u32)> = varying
+        .iter()
+        .enumerate()
+        .flat_map(|(word, bits)| {
+            (0..64_u32)
+                .step_by(8)
+                .rev()
+                .filter(move |shift| (bits >> shift) & 0xff != 0)
+                .map(move |shift| (word, shift))
+        })
+        .collect();
+    sort_by_digits(heads, &digits);
+}
+
+/// One pass of [`radix_sort`] over `heads`, by the first of `digits`, and the passes over
+/// each bucket by the rest.
+fn sort_by_digits(heads: &mut [Head], digits: &[(usize, u32)]) {
+    if heads.len() < RADIX_RUN_FROM {
+        heads.sort_unstable_by_key(|&(head, _)| head);
+        return;
+    }
+    let Some((&(word, shift), rest)) = digits.split_first() else {
+        return;
+    };
+    let digit = |(head, _): &Head| {
+        let [.., low] = (head.get(word).copied().unwrap_or_default() >> shift).to_be_bytes();
+        usize::from(low)
+    };
+    let mut ends = [0_usize; 256];
+    for head in &*heads {
+        if let Some(count) = ends.get_mut(digit(head)) {
+            *count += 1;
         }
     }
-    from
+    if ends.contains(&heads.len()) {
+        // One bucket holds the whole run: on to the next byte.
+        sort_by_digits(heads, rest);
+        return;
+    }
+    let mut starts = [0_usize; 256];
+    let mut total = 0;
+    for (start, end) in starts.iter_mut().zip(&mut ends) {
+        *start = total;
+        total += *end;
+        *end = total;
+    }
+    // Each bucket fills from its start: a head found in another's place is swapped into the
+    // next free place of its own bucket, and the head it displaced is looked at in turn.
+    let mut next = starts;
+    for bucket in 0..256 {
+        while let (Some(&at), Some(&end)) = (next.get(bucket), ends.get(bucket)) {
+            if at >= end {
+                break;
+            }
+            let Some(home) = heads.get(at).map(digit) else {
+                break;
+            };
+            if home == bucket {
+                if let Some(at) = next.get_mut(bucket) {
+                    *at += 1;
+                }
+            } else if let Some(place) = next.get_mut(home) {
+                heads.swap(at, *place);
+                *place += 1;
+            }
+        }
+    }
+    for (&start, &end) in starts.iter().zip(&ends) {
+        if end - start > 1
+            && let Some(run) = heads.get_mut(start..end)
+        {
+            sort_by_digits(run, rest);
+        }
+    }
 }
 
 /// The staged keys, hashed: a staged change finds its key in one probe, however many keys
@@ -736,8 +778,32 @@ impl StagedWrites {
         &self,
         range: (Bound<&[u8]>, Bound<&[u8]>),
     ) -> impl DoubleEndedIterator<Item = (&[u8], Option<&[u8]>)> {
-        self.at(self.positions_in(range))
-            .filter_map(|(key, staged)| Some((key, staged.write?)))
+        let positions = self.positions_in(range);
+        (0..positions.len()).filter_map(move |i| {
+            let (key, packed) = self.entries.span_at(*positions.get(i)?)?;
+            self.written_pair(key, packed)
+        })
+    }
+
+    /// Every key written or deleted, with what the transaction leaves there, in the order
+    /// the keys were first staged: for a reader that needs each key once but not their order
+    /// (a log record), which then reads the entries in the order they lie in memory.
+    pub fn written_unordered(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.entries
+            .spans()
+            .filter_map(|(key, packed)| self.written_pair(key, packed))
+    }
+
+    /// The key whose span is `key` and what the transaction leaves there, if it writes or
+    /// deletes it: a pair read without the requirement.
+    fn written_pair(&self, key: Span, packed: Packed) -> Option<(&[u8], Option<&[u8]>)> {
+        let arena = self.entries.arena();
+        let value = match packed.write {
+            Write::Untouched => return None,
+            Write::Deleted => None,
+            Write::Written => Some(arena.get(packed.value(), 0)),
+        };
+        Some((arena.get(key, 0), value))
     }
 
     /// The keys of `range` written or deleted, as [`written`](Self::written).
@@ -949,7 +1015,7 @@ impl StagedWrites {
     fn push_value(&mut self, key: &[u8], value: &[u8]) -> Result<Span, KvError> {
         self.entries
             .arena_mut()
-            .push(&[value], 1)
+            .push(value)
             .map_err(|len| KvError::ValueTooLarge {
                 key: key.to_vec(),
                 len,
@@ -1009,7 +1075,7 @@ impl StagedWrites {
             return Ok(true);
         };
         undo.changing(|| self.entries.arena().mark());
-        let span = match self.entries.arena_mut().push(&[new.as_ref()], 1) {
+        let span = match self.entries.arena_mut().push(new.as_ref()) {
             Ok(span) => span,
             Err(len) => {
                 let key = self.entries.arena().get(key, 0).to_vec();

@@ -36,10 +36,10 @@ use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, Staged
 use crate::model::Violation;
 use crate::model::{CatalogTable, Cell, TableId};
 
-/// Bytes per unsealed staged key that the staged writes do not hold yet but will: the sort
-/// buffers of the seal that puts it in key order (two of 32 bytes each) while a commit or a
-/// view sorts it, and its position in the order (8).
-const SEAL_BYTES_PER_KEY: usize = 72;
+/// Bytes per unsealed staged key that the staged writes do not hold yet but will: its sort
+/// head in the seal that puts it in key order (32) while a commit or a view sorts it, and its
+/// position in the order (8).
+const SEAL_BYTES_PER_KEY: usize = 40;
 /// Bytes of bookkeeping per inserted data file (its mapping reference) and per inserted
 /// mapping (the id map).
 const BYTES_PER_REFERENCE: usize = 48;

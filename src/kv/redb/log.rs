@@ -153,12 +153,7 @@ impl Log {
     ) -> io::Result<()> {
         // Each group's keys are distinct, and replay applies a record's operations in turn, so
         // a group's keys may come in any order: the order they lie in memory.
-        let ops = || {
-            groups
-                .clone()
-                .flat_map(StagedWrites::iter_unordered)
-                .filter_map(|(key, staged)| staged.write.map(|value| (key, value)))
-        };
+        let ops = || groups.clone().flat_map(StagedWrites::written_unordered);
         let mut length = PAYLOAD_HEAD;
         let mut count = 0_usize;
         for (key, value) in ops() {

@@ -1022,9 +1022,7 @@ fn apply(db: &Database, seq: u64, writes: &[Arc<StagedWrites>]) -> Result<(), re
         let mut changes = Derived::recorded(&txn)?;
         let mut table = txn.open_table(DATA)?;
         for writes in writes {
-            let pairs = writes
-                .iter()
-                .filter_map(|(key, staged)| staged.write.map(|value| (key, value)));
+            let pairs = writes.written((Bound::Unbounded, Bound::Unbounded));
             if writes.len() >= CURSOR_APPLY_PAIRS {
                 put_in_order(&mut table, &mut changes, pairs)?;
             } else {

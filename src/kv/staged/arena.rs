@@ -8,6 +8,7 @@
 //! writes (a view of a transaction shares them while it is written on), and only the chunk
 //! being filled is ever copied for a writer.
 
+use std::mem;
 use std::sync::Arc;
 
 /// The first chunk's size; each later one is twice the last, up to [`CHUNK_MAX`]: a small
@@ -42,52 +43,52 @@ impl Span {
 /// A point in an [`Arena`]'s history: truncating to it drops whatever was pushed since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::kv) struct Mark {
-    chunks: usize,
-    last: usize,
+    /// The index of the chunk then open.
+    chunk: usize,
+    /// Its length then.
+    len: usize,
 }
 
-/// Append-only chunks of bytes.
+/// Append-only chunks of bytes: full chunks, shared by clones of the arena, and the chunk
+/// being filled, which a clone copies (a mebibyte at most).
 #[derive(Debug, Clone, Default)]
 pub(in crate::kv) struct Arena {
-    chunks: Vec<Arc<Vec<u8>>>,
+    full: Vec<Arc<Vec<u8>>>,
+    open: Vec<u8>,
 }
 
 impl Arena {
-    /// Copies `parts`, one after another, into the arena; the span covers the first `take`
-    /// of them. A key is pushed with what belongs to it (a digest), which then lies right
-    /// after it.
+    /// Copies `bytes` into the arena.
     ///
     /// # Errors
-    /// The length of the parts, when a span cannot hold it (4 GiB and more).
-    pub(in crate::kv) fn push(&mut self, parts: &[&[u8]], take: usize) -> Result<Span, usize> {
-        let total: usize = parts.iter().map(|part| part.len()).sum();
-        let taken: usize = parts.iter().take(take).map(|part| part.len()).sum();
-        let (Ok(len), Ok(_)) = (u32::try_from(taken), u32::try_from(total)) else {
+    /// Their length, when a span cannot hold it (4 GiB and more).
+    pub(in crate::kv) fn push(&mut self, bytes: &[u8]) -> Result<Span, usize> {
+        self.push_with(bytes, &[])
+    }
+
+    /// Copies `bytes` and then `trailer` into the arena: the span names `bytes`, and
+    /// [`get`](Self::get) reads the trailer with them.
+    ///
+    /// # Errors
+    /// The length of both, when a span cannot hold it (4 GiB and more).
+    pub(in crate::kv) fn push_with(&mut self, bytes: &[u8], trailer: &[u8]) -> Result<Span, usize> {
+        let total = bytes.len() + trailer.len();
+        let (Ok(len), Ok(_)) = (u32::try_from(bytes.len()), u32::try_from(total)) else {
             return Err(total);
         };
-        let fits = self
-            .chunks
-            .last()
-            .is_some_and(|chunk| chunk.capacity() - chunk.len() >= total);
-        if !fits {
-            let size = self
-                .chunks
-                .last()
-                .map_or(CHUNK_MIN, |chunk| (chunk.capacity() * 2).min(CHUNK_MAX))
+        if self.open.capacity() - self.open.len() < total {
+            let size = (self.open.capacity() * 2)
+                .clamp(CHUNK_MIN, CHUNK_MAX)
                 .max(total);
-            self.chunks.push(Arc::new(Vec::with_capacity(size)));
+            let full = mem::replace(&mut self.open, Vec::with_capacity(size));
+            if full.capacity() > 0 {
+                self.full.push(Arc::new(full));
+            }
         }
-        let index = self.chunks.len() - 1;
-        let Some(chunk) = self.chunks.last_mut() else {
-            return Err(total);
-        };
-        // Copies the chunk only while a clone of the arena still shares it.
-        let chunk = Arc::make_mut(chunk);
-        let offset = chunk.len();
-        for part in parts {
-            chunk.extend_from_slice(part);
-        }
-        let at = (u64::try_from(index).unwrap_or(u64::MAX) << 32)
+        let offset = self.open.len();
+        self.open.extend_from_slice(bytes);
+        self.open.extend_from_slice(trailer);
+        let at = (u64::try_from(self.full.len()).unwrap_or(u64::MAX) << 32)
             | u64::try_from(offset).unwrap_or(u64::MAX);
         Ok(Span { at, len })
     }
@@ -96,33 +97,44 @@ impl Arena {
     /// them: never for a span it gave out).
     pub(in crate::kv) fn get(&self, span: Span, extra: usize) -> &[u8] {
         let start = span.offset();
-        self.chunks
-            .get(span.chunk())
-            .and_then(|chunk| chunk.get(start..start + span.len() + extra))
+        let chunk = span.chunk();
+        let chunk = match self.full.get(chunk) {
+            Some(full) => full.as_slice(),
+            None if chunk == self.full.len() => self.open.as_slice(),
+            None => &[],
+        };
+        chunk
+            .get(start..start + span.len() + extra)
             .unwrap_or_default()
     }
 
     /// Where the arena ends now.
     pub(in crate::kv) fn mark(&self) -> Mark {
         Mark {
-            chunks: self.chunks.len(),
-            last: self.chunks.last().map_or(0, |chunk| chunk.len()),
+            chunk: self.full.len(),
+            len: self.open.len(),
         }
     }
 
     /// Drops what was pushed after `mark`. The spans given out since then name nothing.
     pub(in crate::kv) fn truncate(&mut self, mark: Mark) {
-        self.chunks.truncate(mark.chunks);
-        if let Some(last) = self.chunks.last_mut()
-            && last.len() > mark.last
-        {
-            Arc::make_mut(last).truncate(mark.last);
+        if mark.chunk < self.full.len() {
+            // The chunk open at the mark has filled since: it is open again.
+            let reopened = self.full.drain(mark.chunk..).next();
+            self.open = reopened.map_or_else(Vec::new, |chunk| {
+                Arc::try_unwrap(chunk).unwrap_or_else(|shared| shared.as_ref().clone())
+            });
         }
+        self.open.truncate(mark.len);
     }
 
     /// Bytes the arena has allocated.
     pub(in crate::kv) fn capacity(&self) -> usize {
-        self.chunks.iter().map(|chunk| chunk.capacity()).sum()
+        self.full
+            .iter()
+            .map(|chunk| chunk.capacity())
+            .sum::<usize>()
+            + self.open.capacity()
     }
 }
 
@@ -139,12 +151,12 @@ mod tests {
         let mut pushed = Vec::new();
         for n in 0..5_000_u32 {
             let key = format!("key-{n}");
-            let span = arena.push(&[key.as_bytes(), b"!"], 1).expect("push");
+            let span = arena.push_with(key.as_bytes(), b"!").expect("push");
             pushed.push((span, key));
         }
         let big = vec![7_u8; 3 * CHUNK_MAX];
-        let big_span = arena.push(&[&big], 1).expect("push");
-        assert!(arena.chunks.len() > 2, "{} chunks", arena.chunks.len());
+        let big_span = arena.push(&big).expect("push");
+        assert!(arena.full.len() > 2, "{} chunks", arena.full.len());
         for (span, key) in &pushed {
             assert_eq!(arena.get(*span, 0), key.as_bytes());
             assert_eq!(arena.get(*span, 1).last(), Some(&b'!'));
@@ -153,8 +165,8 @@ mod tests {
 
         let mark = arena.mark();
         let shared = arena.clone();
-        let after = arena.push(&[b"after"], 1).expect("push");
-        let other = arena.push(&[&big], 1).expect("push");
+        let after = arena.push(b"after").expect("push");
+        let other = arena.push(&big).expect("push");
         assert_eq!(arena.get(after, 0), b"after");
         assert_eq!(
             shared.get(after, 0),

@@ -185,7 +185,7 @@ impl<V: Copy> Slots<V> {
         let Ok(slot_at) = u32::try_from(at) else {
             return Err(Full::Keys);
         };
-        let span = self.arena.push(&[key, trailer], 1).map_err(Full::Key)?;
+        let span = self.arena.push_with(key, trailer).map_err(Full::Key)?;
         self.table
             .insert_unique(Slot::placed(hash), Slot { hash, at: slot_at }, |slot| {
                 Slot::placed(slot.hash)

@@ -412,3 +412,39 @@ fn a_change_taken_back_gives_its_arena_bytes_back() {
     assert_eq!(staged.read(b"kept"), Some(Some(&b"1"[..])));
     assert_eq!(staged.len(), 1);
 }
+
+/// The in-place radix sort orders heads as a comparison sort does, through runs large enough
+/// to be split again at several bytes (skewed tables, ids that share their high bytes, equal
+/// heads), and keeps every position once.
+#[test]
+fn radix_sort_orders_heads_as_a_comparison_sort_does() {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut heads: Vec<Head> = (0..60_000)
+        .map(|at| {
+            let r = next();
+            let kind = r % 3;
+            // A few tables own most keys.
+            let table = if r % 10 < 7 {
+                (r >> 8) % 3
+            } else {
+                (r >> 8) % 500
+            };
+            let id = (r >> 20) % 40_000;
+            ([(kind << 56) | table, id << 8, r % 2], at)
+        })
+        .collect();
+    let mut expected: Vec<[u64; 3]> = heads.iter().map(|(head, _)| *head).collect();
+    expected.sort_unstable();
+    radix_sort(&mut heads);
+    let sorted: Vec<[u64; 3]> = heads.iter().map(|(head, _)| *head).collect();
+    assert_eq!(sorted, expected);
+    let mut positions: Vec<usize> = heads.iter().map(|&(_, at)| at).collect();
+    positions.sort_unstable();
+    assert!(positions.iter().copied().eq(0..60_000));
+}
