@@ -113,7 +113,7 @@ impl<V: Copy> Slots<V> {
 
     /// Memory the map holds, in bytes: entries, table and arena.
     pub(super) fn memory(&self) -> usize {
-        self.chunks.len() * CHUNK * size_of::<(Span, V)>()
+        self.chunks.iter().map(Vec::capacity).sum::<usize>() * size_of::<(Span, V)>()
             + self.table.capacity() * (size_of::<Slot>() + 1)
             + self.arena.capacity()
     }
@@ -191,7 +191,15 @@ impl<V: Copy> Slots<V> {
                 Slot::placed(slot.hash)
             });
         if self.chunks.last().is_none_or(|chunk| chunk.len() == CHUNK) {
-            self.chunks.push(Vec::with_capacity(CHUNK));
+            // The first chunk grows as a vector does (to `CHUNK`, a power of two), so that a
+            // small transaction holds little; the later ones are allocated whole and never
+            // move.
+            let chunk = if self.chunks.is_empty() {
+                Vec::new()
+            } else {
+                Vec::with_capacity(CHUNK)
+            };
+            self.chunks.push(chunk);
         }
         if let Some(chunk) = self.chunks.last_mut() {
             chunk.push((span, value));
