@@ -448,3 +448,16 @@ fn radix_sort_orders_heads_as_a_comparison_sort_does() {
     positions.sort_unstable();
     assert!(positions.iter().copied().eq(0..60_000));
 }
+
+/// A small transaction holds little: one staged key costs a few KiB (its arena's first chunk,
+/// a short first entry chunk, a small table), not a whole chunk of entries, so that a low
+/// `--txn-max-bytes` still lets it through.
+#[test]
+fn one_staged_key_holds_a_few_kib() {
+    let mut staged = StagedWrites::new();
+    staged
+        .put(b("key"), b("value"), &mut Undo::off())
+        .expect("put");
+    staged.seal();
+    assert!(staged.memory() < 8 << 10, "{} bytes", staged.memory());
+}
