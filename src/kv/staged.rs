@@ -10,7 +10,7 @@ use std::mem;
 use std::ops::Bound;
 
 use self::arena::{Mark, Span};
-use self::slots::{Full, Lookup, Slots};
+use self::slots::{Full, Hash, Lookup, Slots};
 use super::digest::{Digest, Digester};
 use super::write_set::Mutation;
 use super::{Conflict, KeyRange, KvError, StoreLimits};
@@ -634,12 +634,22 @@ impl StagedWrites {
                     .unwrap_or_default(),
             )),
         };
-        let write = match packed.write {
+        let write = self.write_of(packed);
+        (arena.get(key, 0), Staged { requirement, write })
+    }
+
+    /// What an entry leaves at its key: `Some(Some(value))` written, `Some(None)` deleted,
+    /// `None` untouched, as [`Staged::write`] and [`read`](Self::read) say it.
+    #[allow(
+        clippy::option_option,
+        reason = "the three states of `Staged::write`, which this decodes"
+    )]
+    fn write_of(&self, packed: Packed) -> Option<Option<&[u8]>> {
+        match packed.write {
             Write::Untouched => None,
             Write::Deleted => Some(None),
-            Write::Written => Some(Some(arena.get(packed.value(), 0))),
-        };
-        (arena.get(key, 0), Staged { requirement, write })
+            Write::Written => Some(Some(self.entries.arena().get(packed.value(), 0))),
+        }
     }
 
     /// The entry at position `at`, as read.
@@ -763,12 +773,7 @@ impl StagedWrites {
     /// `Some(Some(value))` written, `Some(None)` deleted; `None` means "as in the store".
     #[must_use]
     pub fn read(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        let packed = self.entries.get(key)?;
-        match packed.write {
-            Write::Untouched => None,
-            Write::Deleted => Some(None),
-            Write::Written => Some(Some(self.entries.arena().get(packed.value(), 0))),
-        }
+        self.write_of(*self.entries.get(key)?)
     }
 
     /// The keys of `range` the transaction writes or deletes, in key order, with what it
@@ -797,13 +802,8 @@ impl StagedWrites {
     /// The key whose span is `key` and what the transaction leaves there, if it writes or
     /// deletes it: a pair read without the requirement.
     fn written_pair(&self, key: Span, packed: Packed) -> Option<(&[u8], Option<&[u8]>)> {
-        let arena = self.entries.arena();
-        let value = match packed.write {
-            Write::Untouched => return None,
-            Write::Deleted => None,
-            Write::Written => Some(arena.get(packed.value(), 0)),
-        };
-        Some((arena.get(key, 0), value))
+        let value = self.write_of(packed)?;
+        Some((self.entries.arena().get(key, 0), value))
     }
 
     /// The keys of `range` written or deleted, as [`written`](Self::written).
@@ -821,15 +821,6 @@ impl StagedWrites {
     /// Every entry, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Staged<'_>)> {
         self.ordered()
-    }
-
-    /// Every entry, in the order the keys were first staged: for a reader that needs each
-    /// key once but not their order (a log record), which then reads the entries in the
-    /// order they lie in memory.
-    pub fn iter_unordered(&self) -> impl Iterator<Item = (&[u8], Staged<'_>)> {
-        self.entries
-            .spans()
-            .map(|(key, packed)| self.view(key, packed))
     }
 
     /// The ranges that must be unchanged at the commit, in the order they were required.
@@ -863,16 +854,8 @@ impl StagedWrites {
     ) -> Result<(), KvError> {
         let key = key.as_ref();
         if let Lookup::Absent(hash) = self.entries.lookup(key) {
-            undo.changing(|| self.entries.arena().mark());
-            let (need, digest) = Need::of(requirement);
-            let packed = Packed::new(need, Write::Untouched, Span::default());
-            let trailer = digest.as_ref().map_or(&[][..], |digest| &digest[..]);
-            let at = self
-                .entries
-                .push(hash, key, trailer, packed)
-                .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
-            undo.created(at);
-            self.bytes += key.len();
+            let write = None;
+            self.add(hash, key, Staged { requirement, write }, undo)?;
         }
         Ok(())
     }
@@ -976,16 +959,11 @@ impl StagedWrites {
         let (key, value) = (key.as_ref(), value.as_ref());
         match self.entries.lookup(key) {
             Lookup::Absent(hash) => {
-                undo.changing(|| self.entries.arena().mark());
-                let value_span = self.push_value(key, value)?;
-                let packed = Packed::new(Need::Absent, Write::Written, value_span);
-                let at = self
-                    .entries
-                    .push(hash, key, &[], packed)
-                    .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
-                undo.created(at);
-                self.bytes += key.len() + value.len();
-                Ok((Prior::Unstaged, at))
+                let staged = Staged {
+                    requirement: Requirement::Absent,
+                    write: Some(Some(value)),
+                };
+                Ok((Prior::Unstaged, self.add(hash, key, staged, undo)?))
             }
             Lookup::At(at) => {
                 let Some((_, previous)) = self.entries.span_at(at) else {
@@ -1011,16 +989,40 @@ impl StagedWrites {
         }
     }
 
+    /// Stages `key`, absent with hash `hash`, as `staged` says, at the next position, which
+    /// it returns: its value and key (with the digest of an unchanged requirement after it)
+    /// go into the arena.
+    fn add(
+        &mut self,
+        hash: Hash,
+        key: &[u8],
+        staged: Staged<'_>,
+        undo: &mut Undo,
+    ) -> Result<usize, KvError> {
+        undo.changing(|| self.entries.arena().mark());
+        let (write, span) = match staged.write {
+            None => (Write::Untouched, Span::default()),
+            Some(None) => (Write::Deleted, Span::default()),
+            Some(Some(value)) => (Write::Written, self.push_value(key, value)?),
+        };
+        let (need, digest) = Need::of(staged.requirement);
+        let packed = Packed::new(need, write, span);
+        let trailer = digest.as_ref().map_or(&[][..], |digest| &digest[..]);
+        let at = self
+            .entries
+            .push(hash, key, trailer, packed)
+            .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
+        undo.created(at);
+        self.bytes += key.len() + packed.value_len();
+        Ok(at)
+    }
+
     /// Copies `value`, `key`'s, into the arena.
     fn push_value(&mut self, key: &[u8], value: &[u8]) -> Result<Span, KvError> {
         self.entries
             .arena_mut()
             .push(value)
-            .map_err(|len| KvError::ValueTooLarge {
-                key: key.to_vec(),
-                len,
-                max: u32::MAX as usize,
-            })
+            .map_err(|len| value_too_large(key, len))
     }
 
     /// Sets the entry at `at` to `next`, keeping the byte count and recording what it held
@@ -1075,14 +1077,11 @@ impl StagedWrites {
             return Ok(true);
         };
         undo.changing(|| self.entries.arena().mark());
-        let span = match self.entries.arena_mut().push(new.as_ref()) {
-            Ok(span) => span,
-            Err(len) => {
-                let key = self.entries.arena().get(key, 0).to_vec();
-                let max = u32::MAX as usize;
-                return Err(KvError::ValueTooLarge { key, len, max }.into());
-            }
-        };
+        let span = self
+            .entries
+            .arena_mut()
+            .push(new.as_ref())
+            .map_err(|len| value_too_large(self.entries.arena().get(key, 0), len))?;
         self.replace(at, Packed::new(packed.need, Write::Written, span), undo);
         Ok(true)
     }
@@ -1162,29 +1161,15 @@ impl StagedWrites {
     /// Folds a change of `key` into what is staged for it. The state the key is in at this
     /// point is known when the transaction wrote it; otherwise it is the store's.
     fn step(&mut self, key: &[u8], step: Step<'_>, undo: &mut Undo) -> Result<(), KvError> {
-        let value = match step {
-            Step::Put(value) | Step::Insert(value) => Some(value),
-            Step::Delete | Step::RequirePresent => None,
-        };
         match self.entries.lookup(key) {
             Lookup::Absent(hash) => {
-                undo.changing(|| self.entries.arena().mark());
-                let span = match value {
-                    Some(value) => self.push_value(key, value)?,
-                    None => Span::default(),
+                let (requirement, write) = match step {
+                    Step::Put(value) => (Requirement::None, Some(Some(value))),
+                    Step::Insert(value) => (Requirement::Absent, Some(Some(value))),
+                    Step::Delete => (Requirement::None, Some(None)),
+                    Step::RequirePresent => (Requirement::Present, None),
                 };
-                let packed = match step {
-                    Step::Put(_) => Packed::new(Need::None, Write::Written, span),
-                    Step::Insert(_) => Packed::new(Need::Absent, Write::Written, span),
-                    Step::Delete => Packed::new(Need::None, Write::Deleted, span),
-                    Step::RequirePresent => Packed::new(Need::Present, Write::Untouched, span),
-                };
-                let at = self
-                    .entries
-                    .push(hash, key, &[], packed)
-                    .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
-                undo.created(at);
-                self.bytes += key.len() + packed.value_len();
+                self.add(hash, key, Staged { requirement, write }, undo)?;
             }
             Lookup::At(at) => {
                 let Some((_, now)) = self.entries.span_at(at) else {
@@ -1305,19 +1290,17 @@ impl StagedWrites {
                 reason: "staged twice under one key",
             });
         };
-        let (need, digest) = Need::of(staged.requirement);
-        let (write, span) = match staged.write {
-            None => (Write::Untouched, Span::default()),
-            Some(None) => (Write::Deleted, Span::default()),
-            Some(Some(value)) => (Write::Written, self.push_value(key, value)?),
-        };
-        let packed = Packed::new(need, write, span);
-        let trailer = digest.as_ref().map_or(&[][..], |digest| &digest[..]);
-        self.entries
-            .push(hash, key, trailer, packed)
-            .map_err(|full| refused(full, self.entries.len(), self.bytes))?;
-        self.bytes += key.len() + packed.value_len();
+        self.add(hash, key, staged, &mut Undo::off())?;
         Ok(())
+    }
+}
+
+/// The error for a value of `len` bytes, `key`'s, that the arena cannot hold in one piece.
+fn value_too_large(key: &[u8], len: usize) -> KvError {
+    KvError::ValueTooLarge {
+        key: key.to_vec(),
+        len,
+        max: u32::MAX as usize,
     }
 }
 

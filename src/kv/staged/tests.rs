@@ -253,7 +253,11 @@ proptest::proptest! {
         }
         proptest::prop_assert_eq!(&staged, &model);
         let in_order: Vec<(&[u8], Staged<'_>)> = staged.iter().collect();
-        let mut expected: Vec<(&[u8], Staged<'_>)> = model.iter_unordered().collect();
+        let mut expected: Vec<(&[u8], Staged<'_>)> = model
+            .entries
+            .spans()
+            .map(|(key, packed)| model.view(key, packed))
+            .collect();
         expected.sort_by(|a, b| a.0.cmp(b.0));
         proptest::prop_assert_eq!(&in_order, &expected);
         let (start, end) = (key_of(lo), key_of(lo.saturating_add(len)));
