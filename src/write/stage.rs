@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::mem;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use foldhash::fast::RandomState;
 use futures::StreamExt as _;
 
@@ -43,11 +43,6 @@ const SEAL_BYTES_PER_KEY: usize = 40;
 /// Bytes of bookkeeping per inserted data file (its mapping reference) and per inserted
 /// mapping (the id map).
 const BYTES_PER_REFERENCE: usize = 48;
-/// Keys and values are built into shared buffers, the first of this size, each next one
-/// twice the last up to [`ARENA_CHUNK_MAX`]: a small transaction holds little, a large one
-/// allocates rarely.
-const ARENA_CHUNK_MIN: usize = 4 << 10;
-const ARENA_CHUNK_MAX: usize = 1 << 20;
 
 /// The net effect of a transaction on the stored records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,12 +125,11 @@ struct Journal {
     affected: usize,
 }
 
-/// Keys and values built into shared buffers: no allocation per record.
+/// The buffer a value is built in before the staged writes copy it: one allocation for the
+/// whole transaction, not one per record.
 #[derive(Debug, Default)]
 struct Arena {
-    buf: BytesMut,
     scratch: Vec<u8>,
-    chunk: usize,
 }
 
 impl Arena {
@@ -145,18 +139,6 @@ impl Arena {
         self.scratch.clear();
         build(&mut self.scratch);
         &self.scratch
-    }
-
-    /// Bytes holding what `build` writes.
-    fn build(&mut self, build: impl FnOnce(&mut Vec<u8>)) -> Bytes {
-        self.scratch.clear();
-        build(&mut self.scratch);
-        if self.buf.capacity() - self.buf.len() < self.scratch.len() {
-            self.chunk = (self.chunk * 2).clamp(ARENA_CHUNK_MIN, ARENA_CHUNK_MAX);
-            self.buf = BytesMut::with_capacity(self.chunk.max(self.scratch.len()));
-        }
-        self.buf.extend_from_slice(&self.scratch);
-        self.buf.split().freeze()
     }
 }
 
@@ -287,7 +269,6 @@ impl Staging {
             + changes * size_of::<Change>()
             + (self.references.len() + self.inserted_ids.len()) * BYTES_PER_REFERENCE
             + self.waiting_bytes
-            + self.arena.buf.capacity()
             + self.arena.scratch.capacity();
         u64::try_from(bytes).unwrap_or(u64::MAX)
     }
@@ -368,26 +349,6 @@ impl Staging {
         }
     }
 
-    /// The key of row `(kind, table_id, id)` and its index entry, built in the arena: what
-    /// inserting or deleting the row writes.
-    fn row_and_index(&mut self, kind: Kind, table_id: TableId, id: i64) -> IndexedRow {
-        let (_, _, arena, keyspace) = self.parts();
-        let key = arena.build(|out| keyspace.put_row_key(out, kind, table_id, id));
-        let mut index_table = None;
-        let index_key = arena.build(|out| {
-            index_table = keyspace.put_index_entry(out, kind, table_id, id);
-        });
-        let index_value = match index_table {
-            Some(table) => arena.build(|out| out.extend_from_slice(&table)),
-            None => Bytes::new(),
-        };
-        IndexedRow {
-            key,
-            index_key,
-            index_value,
-        }
-    }
-
     /// The staged writes to change, the undo log, the arena and the keyspace, borrowed
     /// together.
     fn parts(&mut self) -> (&mut StagedWrites, &mut Undo, &mut Arena, &Keyspace) {
@@ -400,11 +361,26 @@ impl Staging {
     }
 }
 
-/// A row's key, and its index entry's key and value.
-struct IndexedRow {
-    key: Bytes,
-    index_key: Bytes,
-    index_value: Bytes,
+/// A row's key, and its index entry's key and value: what inserting or deleting the row
+/// writes. Built into buffers that a loop over rows reuses; the staged writes copy them.
+#[derive(Debug, Default)]
+struct RowKeys {
+    key: Vec<u8>,
+    index_key: Vec<u8>,
+    index_value: Vec<u8>,
+}
+
+impl RowKeys {
+    /// Holds the keys of row `(kind, table_id, id)` and of its index entry.
+    fn set(&mut self, keyspace: &Keyspace, kind: Kind, table_id: TableId, id: i64) {
+        self.key.clear();
+        keyspace.put_row_key(&mut self.key, kind, table_id, id);
+        self.index_key.clear();
+        self.index_value.clear();
+        if let Some(table) = keyspace.put_index_entry(&mut self.index_key, kind, table_id, id) {
+            self.index_value.extend_from_slice(&table);
+        }
+    }
 }
 
 /// `key` of `kind` for `(table_id, id)` into `out`, replacing what it held.
@@ -473,7 +449,7 @@ impl Staging {
             };
             writes.require(guard, as_read(guard_value.as_deref()), undo)?;
             if mark_value.is_none() && writes.read(mark).is_none() {
-                writes.put(Bytes::from(mark.clone()), Bytes::new(), undo)?;
+                writes.put(mark, [], undo)?;
                 marked = true;
             }
         }
@@ -493,11 +469,7 @@ impl Staging {
         self.depend_on(keyspace.range_holds_key(kind)).await?;
         let fresh = crate::auth::random_bytes::<16>()?;
         let (writes, undo, _, _) = self.parts();
-        writes.put(
-            Bytes::from(keyspace.table_set_key(kind)),
-            Bytes::copy_from_slice(&fresh),
-            undo,
-        )?;
+        writes.put(keyspace.table_set_key(kind), fresh, undo)?;
         Ok(())
     }
 
@@ -538,8 +510,7 @@ impl Staging {
                 .as_deref()
                 .and_then(|value| <[u8; 8]>::try_from(value).ok())
                 .map_or(0, u64::from_be_bytes);
-            let next = Bytes::copy_from_slice(&count.wrapping_add(1).to_be_bytes());
-            writes.put(Bytes::from(key), next, undo)?;
+            writes.put(key, count.wrapping_add(1).to_be_bytes(), undo)?;
         }
         Ok(())
     }
@@ -739,6 +710,7 @@ impl Staging {
         // looked at once per key, when it is inserted).
         let keyspace = self.base.keyspace().clone();
         let mut key = Vec::new();
+        let mut keys = RowKeys::default();
         let mut ask: Vec<i64> = candidates.iter().map(|(_, _, id)| *id).collect();
         ask.sort_unstable();
         ask.dedup();
@@ -777,10 +749,10 @@ impl Staging {
                 continue;
             }
             let has_names = !names.is_empty();
-            let row = self.row_and_index(Kind::Mapping, TableId(table_id), mapping_id);
-            let (writes, undo, arena, _) = self.parts();
+            let (writes, undo, arena, keyspace) = self.parts();
+            keys.set(keyspace, Kind::Mapping, TableId(table_id), mapping_id);
             let value = arena.value(|out| encode_mapping_into(out, &head, names.iter().copied()));
-            let (prior, at) = writes.insert_new(row.key, value, undo)?;
+            let (prior, at) = writes.insert_new(&keys.key, value, undo)?;
             match prior {
                 // Absent, or deleted by this transaction: created (again).
                 Prior::Unstaged | Prior::Deleted => {}
@@ -800,7 +772,7 @@ impl Staging {
                     continue;
                 }
             }
-            writes.insert(row.index_key, row.index_value, undo)?;
+            writes.insert(&keys.index_key, &keys.index_value, undo)?;
             if !self.set_inserted_id(mapping_id, table_id, at, has_names) {
                 self.set_unnamed((table_id, mapping_id), !has_names);
             }
@@ -989,9 +961,10 @@ impl Staging {
         let keyspace = self.base.keyspace().clone();
         let (in_base, found) = self.files_in_base(&rows, &candidates).await?;
         let mut key = Vec::new();
+        let mut file = RowKeys::default();
         let mut references = Vec::new();
         for ((row, data_file_id, table_id), found) in candidates.into_iter().zip(found) {
-            let file = self.row_and_index(Kind::DataFile, TableId(table_id), data_file_id);
+            file.set(&keyspace, Kind::DataFile, TableId(table_id), data_file_id);
             if let Some(tables) = in_base.get(&data_file_id) {
                 // The index is unique: its one key per id says whether the transaction wrote
                 // it.
@@ -1011,7 +984,8 @@ impl Staging {
             let (writes, undo, arena, _) = self.parts();
             // One look-up both finds an id the transaction already wrote and stages the new
             // one's index entry.
-            match writes.insert_new(file.index_key, file.index_value, undo)?.0 {
+            let (prior, _) = writes.insert_new(&file.index_key, &file.index_value, undo)?;
+            match prior {
                 Prior::Unstaged | Prior::Deleted => {}
                 Prior::Written => {
                     violations.push(Violation::DuplicateDataFileInBatch { data_file_id });
@@ -1027,7 +1001,7 @@ impl Staging {
                 encoded = encode_data_file_into(out, |i| rows.cell(i, row));
             });
             encoded?;
-            writes.insert(file.key, value, undo)?;
+            writes.insert(&file.key, value, undo)?;
             if let (Some(mapping_id), Some(found)) = (rows.int(data_file::MAPPING_ID, row), found) {
                 references.push(Reference {
                     data_file_id,
@@ -1177,15 +1151,16 @@ impl Staging {
     /// Deletes rows of row kind `kind` present in the view, with their index entries.
     fn delete_rows(&mut self, kind: Kind, rows: &[crate::codec::RowKey]) -> Result<u64> {
         let mut deleted = 0;
+        let mut keys = RowKeys::default();
         for row in rows {
             let (table_id, id) = (row.table_id.0, row.id);
-            let keys = self.row_and_index(kind, row.table_id, id);
-            let (writes, undo, _, _) = self.parts();
+            let (writes, undo, _, keyspace) = self.parts();
+            keys.set(keyspace, kind, row.table_id, id);
             let created_here = writes.get(&keys.key).is_some_and(|staged| {
                 staged.requirement == Requirement::Absent && matches!(staged.write, Some(Some(_)))
             });
-            writes.delete(keys.key, undo)?;
-            writes.delete(keys.index_key, undo)?;
+            writes.delete(&keys.key, undo)?;
+            writes.delete(&keys.index_key, undo)?;
             match (kind, created_here) {
                 (Kind::Mapping, true) => self.summary.mappings_created -= 1,
                 (Kind::Mapping, false) => self.summary.mappings_deleted += 1,
@@ -1359,18 +1334,18 @@ impl Staging {
         }
         self.end_request(true);
         let references = mem::take(&mut self.references);
+        let mut key = Vec::new();
         for reference in references.into_iter().filter(|r| r.found == Found::InBase) {
-            let (writes, undo, arena, keyspace) = self.parts();
-            let key = arena.build(|out| {
-                keyspace.put_row_key(
-                    out,
-                    Kind::Mapping,
-                    TableId(reference.table_id),
-                    reference.mapping_id,
-                );
-            });
+            let (writes, undo, _, keyspace) = self.parts();
+            key.clear();
+            keyspace.put_row_key(
+                &mut key,
+                Kind::Mapping,
+                TableId(reference.table_id),
+                reference.mapping_id,
+            );
             if writes.read(&key).is_none() {
-                writes.require_present(key, undo)?;
+                writes.require_present(&key, undo)?;
             }
         }
         self.seal();
