@@ -56,6 +56,10 @@ def summarize(workload: Workload, outcome: Outcome) -> Dict[str, Any]:
     peaks = [s.rss_peak for s in samples if s.rss_peak is not None]
     if peaks:
         out["peak_rss_bytes"] = max(peaks)
+    growths = [s.rss_peak - s.rss_start for s in samples
+               if s.rss_peak is not None and s.rss_start is not None]
+    if growths:
+        out["peak_rss_growth_bytes"] = max(growths)
     return out
 
 
@@ -229,7 +233,8 @@ def legend(record: Dict[str, Any]) -> List[str]:
         "faster, 2× means it takes twice as long. *transport* is an in-memory Flight SQL "
         "server that returns precomputed results and discards writes: the floor the protocol "
         "and client allow. PostgreSQL's W5p cell is its W5s (ADBC) figure. Peak RSS is "
-        "moraine's VmHWM (reset before each unit), the maximum over rounds.",
+        "moraine's VmHWM (reset before each unit), the maximum over rounds; its growth is that "
+        "peak less moraine's VmRSS when the unit started.",
         "",
         f"W3's cursor returns the last 10 mappings (mapping_id >= {plan['cursor']}). "
         f"W4m reads table {plan['w4m']['table_id']} ({plan['w4m']['mappings']:,} mappings, "
@@ -246,10 +251,14 @@ def legend(record: Dict[str, Any]) -> List[str]:
     bounds = []
     for key in ("L", "W5b"):
         payload = workloads.get(key, {}).get("payload_bytes")
-        peak = workloads.get(key, {}).get("targets", {}).get("moraine", {}).get("peak_rss_bytes")
+        moraine = workloads.get(key, {}).get("targets", {}).get("moraine", {})
+        peak, growth = moraine.get("peak_rss_bytes"), moraine.get("peak_rss_growth_bytes")
         if payload and peak:
-            bounds.append(f"{key} {fmt_bytes(payload)}, moraine's peak RSS {peak / payload:.2f}× "
-                          "it")
+            bound = f"{key} {fmt_bytes(payload)}, moraine's peak RSS {peak / payload:.2f}× it"
+            if growth is not None:
+                bound += (f" (its growth over the RSS the unit started from, "
+                          f"{growth / payload:.2f}× it)")
+            bounds.append(bound)
     if bounds:
         out += ["", "Payload (the Arrow size of the rows a unit writes): " + "; ".join(bounds)
                 + "."]

@@ -95,8 +95,9 @@ class Target:
     def flight_uri(self) -> str:
         raise NotImplementedError
 
-    def rss_reset(self) -> None:
-        pass
+    def rss_reset(self) -> Optional[int]:
+        """Resets moraine's peak RSS; returns its RSS now, in bytes (None for other targets)."""
+        return None
 
     def rss(self) -> Optional[Dict[str, int]]:
         return None
@@ -185,14 +186,16 @@ class Moraine(Target):
         assert self.server is not None
         return Path(f"/proc/{self.server.pid}/{name}")
 
-    def rss_reset(self) -> None:
-        """Reset the peak RSS (VmHWM) of the server: `5` into /proc/PID/clear_refs."""
+    def rss_reset(self) -> Optional[int]:
+        """Reset the peak RSS (VmHWM) of the server: `5` into /proc/PID/clear_refs. Returns
+        its RSS (VmRSS) right after: where the unit starts from."""
         if self.server is None:
-            return
+            return None
         try:
             self._proc("clear_refs").write_text("5")
         except OSError as err:
             log(f"cannot reset moraine's peak RSS ({err}); peaks are since its start")
+        return (self.rss() or {}).get("VmRSS")
 
     def rss(self) -> Optional[Dict[str, int]]:
         if self.server is None:

@@ -58,6 +58,12 @@ class Sample:
     commits: int = 0  # commits in the unit (W5)
     latencies: List[float] = field(default_factory=list)  # per commit (W5)
     rss_peak: Optional[int] = None  # moraine's VmHWM over the unit, bytes
+    rss_start: Optional[int] = None  # moraine's VmRSS when the unit started, bytes
+
+
+def _rss(start: Optional[int], end: Optional[Dict[str, int]]) -> Dict[str, Optional[int]]:
+    """A sample's fields for moraine's memory over a unit: where it started, and its peak."""
+    return {"rss_peak": end.get("VmHWM") if end else None, "rss_start": start}
 
 
 @dataclass
@@ -199,7 +205,7 @@ def load_catalog(target: Target, tables, rows: int) -> Sample:
     conn = target.connect()
     try:
         with conn.cursor() as cur:
-            target.rss_reset()
+            rss_start = target.rss_reset()
             started = time.perf_counter()
             counts = _ingest(cur, tables)
             conn.commit()
@@ -214,7 +220,7 @@ def load_catalog(target: Target, tables, rows: int) -> Sample:
     finally:
         _close_quietly(conn)
     target.loaded = True
-    return Sample(seconds, rows, commits=1, rss_peak=rss.get("VmHWM") if rss else None)
+    return Sample(seconds, rows, commits=1, **_rss(rss_start, rss))
 
 
 # --- W1-W4 -----------------------------------------------------------------------------------
@@ -267,7 +273,7 @@ class Read(Workload):
     def run(self, target: Target, data: object) -> Sample:
         conn = self.connection(target)
         with conn.cursor() as cur:
-            target.rss_reset()
+            rss_start = target.rss_reset()
             started = time.perf_counter()
             cur.execute(self.sql)
             table = cur.fetch_arrow_table()
@@ -281,7 +287,7 @@ class Read(Workload):
             if bad:
                 raise Mismatch(f"{bad} rows out of ORDER BY mapping_id, parent_column "
                                "NULLS FIRST")
-        return Sample(seconds, table.num_rows, rss_peak=rss.get("VmHWM") if rss else None)
+        return Sample(seconds, table.num_rows, **_rss(rss_start, rss))
 
 
 # --- W5s, W5b: writes through ADBC ------------------------------------------------------------
@@ -318,7 +324,7 @@ class SequentialCommits(Workload):
         latencies = []
         rows = 0
         with conn.cursor() as cur:
-            target.rss_reset()
+            rss_start = target.rss_reset()
             started = time.perf_counter()
             for commit in commits:
                 tables = commit.tables()
@@ -333,7 +339,7 @@ class SequentialCommits(Workload):
         if target.has_storage:
             check_stored(conn, Expected.of(commits))
         return Sample(seconds, rows, commits=len(commits), latencies=latencies,
-                      rss_peak=rss.get("VmHWM") if rss else None)
+                      **_rss(rss_start, rss))
 
 
 class BulkCommit(Workload):
@@ -367,7 +373,7 @@ class BulkCommit(Workload):
         batch, tables = data
         conn = self.connection(target)
         with conn.cursor() as cur:
-            target.rss_reset()
+            rss_start = target.rss_reset()
             started = time.perf_counter()
             counts = _ingest(cur, tables)
             conn.commit()
@@ -377,7 +383,7 @@ class BulkCommit(Workload):
         if target.has_storage:
             check_stored(conn, Expected.of([batch]))
         return Sample(seconds, batch.rows, commits=1,
-                      rss_peak=rss.get("VmHWM") if rss else None)
+                      **_rss(rss_start, rss))
 
 
 # --- W5p, W5c: one-stream plain Flight commits ------------------------------------------------
@@ -450,7 +456,7 @@ class FlightCommits(Workload):
         options = fl.FlightCallOptions(timeout=self.timeout)
         latencies = []
         rows = 0
-        target.rss_reset()
+        rss_start = target.rss_reset()
         started = time.perf_counter()
         for part, table in zip(parts, tables):
             t0 = time.perf_counter()
@@ -462,7 +468,7 @@ class FlightCommits(Workload):
         if target.has_storage:
             check_stored(self.connection(target), Expected.of(parts))
         return Sample(seconds, rows, commits=len(parts), latencies=latencies,
-                      rss_peak=rss.get("VmHWM") if rss else None)
+                      **_rss(rss_start, rss))
 
     def close(self) -> None:
         super().close()
@@ -520,7 +526,7 @@ class ConcurrentFlightCommits(FlightCommits):
                    for w in range(len(shares))]
         for thread in threads:
             thread.start()
-        target.rss_reset()
+        rss_start = target.rss_reset()
         barrier.wait(timeout=60)
         started = time.perf_counter()
         deadline = time.monotonic() + self.timeout + 60
@@ -536,7 +542,7 @@ class ConcurrentFlightCommits(FlightCommits):
             check_stored(self.connection(target), Expected.of(parts))
         return Sample(seconds, sum(p.rows for p in parts), commits=len(parts),
                       latencies=[x for per in latencies for x in per],
-                      rss_peak=rss.get("VmHWM") if rss else None)
+                      **_rss(rss_start, rss))
 
     def close(self) -> None:
         super().close()
