@@ -373,8 +373,7 @@ struct RowKeys {
 impl RowKeys {
     /// Holds the keys of row `(kind, table_id, id)` and of its index entry.
     fn set(&mut self, keyspace: &Keyspace, kind: Kind, table_id: TableId, id: i64) {
-        self.key.clear();
-        keyspace.put_row_key(&mut self.key, kind, table_id, id);
+        key_into(&mut self.key, keyspace, kind, table_id.0, id);
         self.index_key.clear();
         self.index_value.clear();
         if let Some(table) = keyspace.put_index_entry(&mut self.index_key, kind, table_id, id) {
@@ -709,7 +708,6 @@ impl Staging {
         // Does the snapshot hold the keys? One index span (what the staged writes decide is
         // looked at once per key, when it is inserted).
         let keyspace = self.base.keyspace().clone();
-        let mut key = Vec::new();
         let mut keys = RowKeys::default();
         let mut ask: Vec<i64> = candidates.iter().map(|(_, _, id)| *id).collect();
         ask.sort_unstable();
@@ -723,16 +721,14 @@ impl Staging {
             .collect();
 
         for (row, table_id, mapping_id) in candidates {
-            if in_base.contains(&(table_id, mapping_id)) {
-                key_into(&mut key, &keyspace, Kind::Mapping, table_id, mapping_id);
-                if self.writes.read(&key).is_none() {
-                    violations.push(Violation::MappingExists {
-                        table_id,
-                        mapping_id,
-                    });
-                    self.refuse(mapping_id);
-                    continue;
-                }
+            keys.set(&keyspace, Kind::Mapping, TableId(table_id), mapping_id);
+            if in_base.contains(&(table_id, mapping_id)) && self.writes.read(&keys.key).is_none() {
+                violations.push(Violation::MappingExists {
+                    table_id,
+                    mapping_id,
+                });
+                self.refuse(mapping_id);
+                continue;
             }
             let head = MappingHead {
                 mapping_id,
@@ -749,8 +745,7 @@ impl Staging {
                 continue;
             }
             let has_names = !names.is_empty();
-            let (writes, undo, arena, keyspace) = self.parts();
-            keys.set(keyspace, Kind::Mapping, TableId(table_id), mapping_id);
+            let (writes, undo, arena, _) = self.parts();
             let value = arena.value(|out| encode_mapping_into(out, &head, names.iter().copied()));
             let (prior, at) = writes.insert_new(&keys.key, value, undo)?;
             match prior {
@@ -1337,13 +1332,8 @@ impl Staging {
         let mut key = Vec::new();
         for reference in references.into_iter().filter(|r| r.found == Found::InBase) {
             let (writes, undo, _, keyspace) = self.parts();
-            key.clear();
-            keyspace.put_row_key(
-                &mut key,
-                Kind::Mapping,
-                TableId(reference.table_id),
-                reference.mapping_id,
-            );
+            let (table_id, mapping_id) = (reference.table_id, reference.mapping_id);
+            key_into(&mut key, keyspace, Kind::Mapping, table_id, mapping_id);
             if writes.read(&key).is_none() {
                 writes.require_present(&key, undo)?;
             }
