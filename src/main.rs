@@ -13,6 +13,21 @@ use moraine::config::{Cli, Command};
 /// ([`MALLOC_CONF`]), even while the server is idle. A quarter rather than a whole second:
 /// a full scan at 1M mappings peaked 25 MiB lower, and the comparison harness's writes ran
 /// as fast (the pages freed in one round are reused by the next before they are returned).
+///
+/// One arena (`narenas:1`) rather than jemalloc's four per CPU. The server's large blocks are
+/// allocated on one thread and freed on another: a scan's pages are filled on the blocking
+/// threads that read the store and freed by the runtime's workers once their rows are in
+/// Arrow; a transaction's staged writes are built on a worker and freed by the applier. A
+/// freed block goes back to the arena of the thread that allocated it, and each new blocking
+/// thread is handed the next arena, so with eight arenas a block was seldom reused before it
+/// was returned to the OS, and the next one was fresh memory, faulted in again. With one
+/// arena, measured at 100k mappings on the profiling build (five rounds each, medians, the
+/// two settings alternated): the id-order full load (W2) took 3.3k-5.9k page faults a query
+/// instead of 6.7k-7.9k, a 100k-mapping transaction (W5b) 32k instead of 44k-48k and peaked
+/// 228-229 MiB instead of 242-249 MiB, the one-transaction load 173-177 MiB instead of
+/// 189-196 MiB; CPU the same within noise. Small blocks stay in per-thread caches; only
+/// large ones take the arena's lock. On a machine with many cores and many concurrent scans
+/// that lock could be contended: `_RJEM_MALLOC_CONF=narenas:N` overrides it at start-up.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -22,7 +37,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 // immutable, NUL-terminated and lives for the whole program.
 #[allow(unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &[u8; 59] = b"background_thread:true,dirty_decay_ms:250,muzzy_decay_ms:0\0";
+static MALLOC_CONF: &[u8; 69] =
+    b"background_thread:true,dirty_decay_ms:250,muzzy_decay_ms:0,narenas:1\0";
 
 /// Stack of each runtime thread. Parts of the query engine walk expression trees recursively;
 /// the depth of client expressions is bounded (`query::limits`), and this leaves that bound a
