@@ -363,6 +363,8 @@ def _progress(workload: Workload, sample) -> str:
         text += f", {report.fmt_rate(sample.rows / sample.seconds, 'rows/s')}"
     if sample.rss_peak:
         text += f", peak RSS {report.fmt_bytes(sample.rss_peak)}"
+    if sample.cpu_seconds is not None:
+        text += f", server CPU {report.fmt_time(sample.cpu_seconds)}"
     return text
 
 

@@ -60,7 +60,32 @@ def summarize(workload: Workload, outcome: Outcome) -> Dict[str, Any]:
                if s.rss_peak is not None and s.rss_start is not None]
     if growths:
         out["peak_rss_growth_bytes"] = max(growths)
+    cpu = [s.cpu_seconds for s in samples if s.cpu_seconds is not None]
+    if cpu:
+        out["server_cpu_s"] = cpu
+        out["server_cpu_median_s"] = statistics.median(cpu)
+        if workload.rate and samples[0].commits:
+            out["server_cpu_per_commit_ms"] = statistics.median(
+                s.cpu_seconds / s.commits * 1000 for s in samples
+                if s.cpu_seconds is not None and s.commits)
     return out
+
+
+# moraine's CPU is read in clock ticks (10 ms on Linux): shown for units at least this long.
+CPU_SHOWN_FROM_S = 0.1
+
+
+def fmt_server_cpu(summary: Optional[Dict[str, Any]]) -> str:
+    """moraine's median CPU time per unit (per commit for W5 rows), or — for units too short
+    for clock ticks to measure."""
+    if not summary or "server_cpu_median_s" not in summary:
+        return "—"
+    if summary.get("median_s", 0.0) < CPU_SHOWN_FROM_S:
+        return "—"
+    per_commit = summary.get("server_cpu_per_commit_ms")
+    if per_commit is not None:
+        return f"{per_commit * 1000:,.0f} µs/commit"
+    return fmt_time(summary["server_cpu_median_s"])
 
 
 def ratios(summaries: Dict[str, Dict[str, Dict[str, Any]]], rate_keys: Sequence[str]
@@ -185,8 +210,8 @@ def markdown(record: Dict[str, Any]) -> str:
         f"{build} — {record['rounds']} round{'s' if record['rounds'] != 1 else ''}",
         "",
         "| workload | PostgreSQL 15 | SQLite | transport | moraine | moraine/PG | "
-        "moraine/transport | moraine peak RSS |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "moraine/transport | moraine peak RSS | moraine CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     notes: List[str] = []
     ratio = record.get("ratios", {})
@@ -206,7 +231,7 @@ def markdown(record: Dict[str, Any]) -> str:
         peak = (per.get("moraine") or {}).get("peak_rss_bytes")
         lines.append(f"| **{key}** {w['label']} | " + " | ".join(cells) + " | "
                      f"{fmt_ratio(r.get('postgres'))} | {fmt_ratio(r.get('transport'))} | "
-                     f"{fmt_bytes(peak)} |")
+                     f"{fmt_bytes(peak)} | {fmt_server_cpu(per.get('moraine'))} |")
     lines += ["", *legend(record)]
     if notes:
         lines += ["", "Errors:", ""]
@@ -234,7 +259,13 @@ def legend(record: Dict[str, Any]) -> List[str]:
         "server that returns precomputed results and discards writes: the floor the protocol "
         "and client allow. PostgreSQL's W5p cell is its W5s (ADBC) figure. Peak RSS is "
         "moraine's VmHWM (reset before each unit), the maximum over rounds; its growth is that "
-        "peak less moraine's VmRSS when the unit started.",
+        "peak less moraine's VmRSS when the unit started. moraine CPU is the server "
+        "process's user and system time, all threads, from the unit's start to its end "
+        "(what the server still does after that, such as applying the last commit to redb, "
+        "is not counted), the median over rounds, per commit for W5 rows; it is read in "
+        "clock ticks of 10 ms, so it is shown only for units of 100 ms or more. Beside the "
+        "wall time it tells how much of a unit the server spent working, and how much "
+        "waiting for the client.",
         "",
         f"W3's cursor returns the last 10 mappings (mapping_id >= {plan['cursor']}). "
         f"W4m reads table {plan['w4m']['table_id']} ({plan['w4m']['mappings']:,} mappings, "

@@ -42,6 +42,7 @@ DUCKLAKE_DDL = (
 )
 
 SERVER_START_TIMEOUT = 120.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Staging limits for moraine's one-transaction loads (defaults: 2,000,000 rows, 512 MiB), and
 # an idle timeout long enough for a slow ingest between two calls of one transaction.
@@ -100,6 +101,10 @@ class Target:
         return None
 
     def rss(self) -> Optional[Dict[str, int]]:
+        return None
+
+    def cpu_seconds(self) -> Optional[float]:
+        """moraine's CPU time so far, user and system, all its threads (None for others)."""
         return None
 
 
@@ -210,6 +215,19 @@ class Moraine(Target):
             if name in ("VmHWM", "VmRSS"):
                 values[name] = int(rest.split()[0]) * 1024
         return values
+
+    def cpu_seconds(self) -> Optional[float]:
+        """utime + stime of /proc/PID/stat: every thread's, in clock ticks (10 ms here)."""
+        if self.server is None:
+            return None
+        try:
+            stat = self._proc("stat").read_text()
+        except OSError:
+            return None
+        # Fields after the command name, which is in parentheses and may hold spaces:
+        # state is field 3, utime 14 and stime 15.
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _build_profile(binary: Path) -> str:

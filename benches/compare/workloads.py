@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,11 +59,27 @@ class Sample:
     latencies: List[float] = field(default_factory=list)  # per commit (W5)
     rss_peak: Optional[int] = None  # moraine's VmHWM over the unit, bytes
     rss_start: Optional[int] = None  # moraine's VmRSS when the unit started, bytes
+    cpu_seconds: Optional[float] = None  # moraine's CPU time over the unit, all threads
 
 
-def _rss(start: Optional[int], end: Optional[Dict[str, int]]) -> Dict[str, Optional[int]]:
-    """A sample's fields for moraine's memory over a unit: where it started, and its peak."""
-    return {"rss_peak": end.get("VmHWM") if end else None, "rss_start": start}
+class ServerProbe:
+    """moraine's process over one timed unit (nothing for the other targets): started where
+    the unit starts, which resets the peak RSS; `end()` where its timing ends gives the
+    sample's fields for the RSS it started from, its peak, and the CPU time it spent."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.rss_start = target.rss_reset()
+        self.cpu_start = target.cpu_seconds()
+
+    def end(self) -> Dict[str, Any]:
+        rss = self.target.rss()
+        cpu = self.target.cpu_seconds()
+        spent = None
+        if cpu is not None and self.cpu_start is not None:
+            spent = round(cpu - self.cpu_start, 3)
+        return {"rss_peak": rss.get("VmHWM") if rss else None, "rss_start": self.rss_start,
+                "cpu_seconds": spent}
 
 
 @dataclass
@@ -205,12 +221,12 @@ def load_catalog(target: Target, tables, rows: int) -> Sample:
     conn = target.connect()
     try:
         with conn.cursor() as cur:
-            rss_start = target.rss_reset()
+            server = ServerProbe(target)
             started = time.perf_counter()
             counts = _ingest(cur, tables)
             conn.commit()
             seconds = time.perf_counter() - started
-            rss = target.rss()
+            usage = server.end()
         _check_ingested(counts, tables)
         if target.has_storage:
             got = count_rows(conn)
@@ -220,7 +236,7 @@ def load_catalog(target: Target, tables, rows: int) -> Sample:
     finally:
         _close_quietly(conn)
     target.loaded = True
-    return Sample(seconds, rows, commits=1, **_rss(rss_start, rss))
+    return Sample(seconds, rows, commits=1, **usage)
 
 
 # --- W1-W4 -----------------------------------------------------------------------------------
@@ -273,12 +289,12 @@ class Read(Workload):
     def run(self, target: Target, data: object) -> Sample:
         conn = self.connection(target)
         with conn.cursor() as cur:
-            rss_start = target.rss_reset()
+            server = ServerProbe(target)
             started = time.perf_counter()
             cur.execute(self.sql)
             table = cur.fetch_arrow_table()
             seconds = time.perf_counter() - started
-            rss = target.rss()
+            usage = server.end()
         conn.rollback()
         if table.num_rows != self.expected_rows:
             raise Mismatch(f"{table.num_rows} rows, expected {self.expected_rows}")
@@ -287,7 +303,7 @@ class Read(Workload):
             if bad:
                 raise Mismatch(f"{bad} rows out of ORDER BY mapping_id, parent_column "
                                "NULLS FIRST")
-        return Sample(seconds, table.num_rows, **_rss(rss_start, rss))
+        return Sample(seconds, table.num_rows, **usage)
 
 
 # --- W5s, W5b: writes through ADBC ------------------------------------------------------------
@@ -324,7 +340,7 @@ class SequentialCommits(Workload):
         latencies = []
         rows = 0
         with conn.cursor() as cur:
-            rss_start = target.rss_reset()
+            server = ServerProbe(target)
             started = time.perf_counter()
             for commit in commits:
                 tables = commit.tables()
@@ -335,11 +351,11 @@ class SequentialCommits(Workload):
                 _check_ingested(counts, tables)  # cheap, between commits
                 rows += commit.rows
             seconds = time.perf_counter() - started
-            rss = target.rss()
+            usage = server.end()
         if target.has_storage:
             check_stored(conn, Expected.of(commits))
         return Sample(seconds, rows, commits=len(commits), latencies=latencies,
-                      **_rss(rss_start, rss))
+                      **usage)
 
 
 class BulkCommit(Workload):
@@ -373,17 +389,17 @@ class BulkCommit(Workload):
         batch, tables = data
         conn = self.connection(target)
         with conn.cursor() as cur:
-            rss_start = target.rss_reset()
+            server = ServerProbe(target)
             started = time.perf_counter()
             counts = _ingest(cur, tables)
             conn.commit()
             seconds = time.perf_counter() - started
-            rss = target.rss()
+            usage = server.end()
         _check_ingested(counts, tables)
         if target.has_storage:
             check_stored(conn, Expected.of([batch]))
         return Sample(seconds, batch.rows, commits=1,
-                      **_rss(rss_start, rss))
+                      **usage)
 
 
 # --- W5p, W5c: one-stream plain Flight commits ------------------------------------------------
@@ -456,7 +472,7 @@ class FlightCommits(Workload):
         options = fl.FlightCallOptions(timeout=self.timeout)
         latencies = []
         rows = 0
-        rss_start = target.rss_reset()
+        server = ServerProbe(target)
         started = time.perf_counter()
         for part, table in zip(parts, tables):
             t0 = time.perf_counter()
@@ -464,11 +480,11 @@ class FlightCommits(Workload):
             latencies.append(time.perf_counter() - t0)
             rows += part.rows
         seconds = time.perf_counter() - started
-        rss = target.rss()
+        usage = server.end()
         if target.has_storage:
             check_stored(self.connection(target), Expected.of(parts))
         return Sample(seconds, rows, commits=len(parts), latencies=latencies,
-                      **_rss(rss_start, rss))
+                      **usage)
 
     def close(self) -> None:
         super().close()
@@ -526,14 +542,14 @@ class ConcurrentFlightCommits(FlightCommits):
                    for w in range(len(shares))]
         for thread in threads:
             thread.start()
-        rss_start = target.rss_reset()
+        server = ServerProbe(target)
         barrier.wait(timeout=60)
         started = time.perf_counter()
         deadline = time.monotonic() + self.timeout + 60
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         seconds = time.perf_counter() - started
-        rss = target.rss()
+        usage = server.end()
         if any(thread.is_alive() for thread in threads):
             raise HarnessError("a writer thread did not finish within its time bound")
         if errors:
@@ -542,7 +558,7 @@ class ConcurrentFlightCommits(FlightCommits):
             check_stored(self.connection(target), Expected.of(parts))
         return Sample(seconds, sum(p.rows for p in parts), commits=len(parts),
                       latencies=[x for per in latencies for x in per],
-                      **_rss(rss_start, rss))
+                      **usage)
 
     def close(self) -> None:
         super().close()
