@@ -224,12 +224,18 @@ class Moraine(Target):
             log(f"cannot reset moraine's peak RSS ({err}); peaks are since its start")
         return (self.rss() or {}).get("VmRSS")
 
-    def rss(self) -> Optional[Dict[str, int]]:
+    def _read_proc(self, name: str) -> Optional[str]:
+        """/proc/PID/`name` of the running server, or None (no server, or it is gone)."""
         if self.server is None:
             return None
         try:
-            status = self._proc("status").read_text()
+            return self._proc(name).read_text()
         except OSError:
+            return None
+
+    def rss(self) -> Optional[Dict[str, int]]:
+        status = self._read_proc("status")
+        if status is None:
             return None
         values = {}
         for line in status.splitlines():
@@ -240,11 +246,8 @@ class Moraine(Target):
 
     def cpu_seconds(self) -> Optional[float]:
         """utime + stime of /proc/PID/stat: every thread's, in clock ticks (10 ms here)."""
-        if self.server is None:
-            return None
-        try:
-            stat = self._proc("stat").read_text()
-        except OSError:
+        stat = self._read_proc("stat")
+        if stat is None:
             return None
         # Fields after the command name, which is in parentheses and may hold spaces:
         # state is field 3, utime 14 and stime 15.
