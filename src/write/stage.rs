@@ -128,13 +128,13 @@ struct Journal {
 /// The buffer a value is built in before the staged writes copy it: one allocation for the
 /// whole transaction, not one per record.
 #[derive(Debug, Default)]
-struct Arena {
+struct ValueBuffer {
     scratch: Vec<u8>,
 }
 
-impl Arena {
-    /// What `build` writes, in the arena's scratch buffer until the next build: a value the
-    /// staged writes copy at once.
+impl ValueBuffer {
+    /// What `build` writes, in the scratch buffer until the next build: a value the staged
+    /// writes copy at once.
     fn value(&mut self, build: impl FnOnce(&mut Vec<u8>)) -> &[u8] {
         self.scratch.clear();
         build(&mut self.scratch);
@@ -147,7 +147,7 @@ impl Arena {
 pub struct Staging {
     base: CatalogSnapshot,
     writes: Arc<StagedWrites>,
-    arena: Arena,
+    value_buf: ValueBuffer,
     /// Per `mapping_id`, the mapping the transaction inserted that its later name rows join:
     /// its table, whether it has a name row yet, and where its record is staged. Holding a
     /// mapping here means the transaction writes its record: a delete takes it out.
@@ -198,7 +198,7 @@ impl Staging {
         Self {
             base,
             writes,
-            arena: Arena::default(),
+            value_buf: ValueBuffer::default(),
             inserted_ids: HashMap::default(),
             unnamed: HashSet::default(),
             missing_parents: HashMap::default(),
@@ -269,7 +269,7 @@ impl Staging {
             + changes * size_of::<Change>()
             + (self.references.len() + self.inserted_ids.len()) * BYTES_PER_REFERENCE
             + self.waiting_bytes
-            + self.arena.scratch.capacity();
+            + self.value_buf.scratch.capacity();
         u64::try_from(bytes).unwrap_or(u64::MAX)
     }
 
@@ -349,13 +349,13 @@ impl Staging {
         }
     }
 
-    /// The staged writes to change, the undo log, the arena and the keyspace, borrowed
+    /// The staged writes to change, the undo log, the value buffer and the keyspace, borrowed
     /// together.
-    fn parts(&mut self) -> (&mut StagedWrites, &mut Undo, &mut Arena, &Keyspace) {
+    fn parts(&mut self) -> (&mut StagedWrites, &mut Undo, &mut ValueBuffer, &Keyspace) {
         (
             Arc::make_mut(&mut self.writes),
             &mut self.undo,
-            &mut self.arena,
+            &mut self.value_buf,
             self.base.keyspace(),
         )
     }
@@ -745,8 +745,9 @@ impl Staging {
                 continue;
             }
             let has_names = !names.is_empty();
-            let (writes, undo, arena, _) = self.parts();
-            let value = arena.value(|out| encode_mapping_into(out, &head, names.iter().copied()));
+            let (writes, undo, value_buf, _) = self.parts();
+            let value =
+                value_buf.value(|out| encode_mapping_into(out, &head, names.iter().copied()));
             let (prior, at) = writes.insert_new(&keys.key, value, undo)?;
             match prior {
                 // Absent, or deleted by this transaction: created (again).
@@ -866,7 +867,7 @@ impl Staging {
         let held = match inserted {
             None => false,
             Some((table_id, at)) => {
-                let (writes, undo, arena, keyspace) = self.parts();
+                let (writes, undo, value_buf, keyspace) = self.parts();
                 debug_assert!(
                     writes.key_at(at).is_some_and(|key| {
                         *key == *keyspace.row_key(Kind::Mapping, TableId(table_id), mapping_id)
@@ -891,7 +892,7 @@ impl Staging {
                         return Ok(None);
                     }
                     outcome = Some(Ok(pending));
-                    Ok(Some(Arena::value(arena, |out| {
+                    Ok(Some(ValueBuffer::value(value_buf, |out| {
                         encode_mapping_into(out, &head, merged.iter().copied());
                     })))
                 })?
@@ -976,7 +977,7 @@ impl Staging {
                     continue;
                 }
             }
-            let (writes, undo, arena, _) = self.parts();
+            let (writes, undo, value_buf, _) = self.parts();
             // One look-up both finds an id the transaction already wrote and stages the new
             // one's index entry.
             let (prior, _) = writes.insert_new(&file.index_key, &file.index_value, undo)?;
@@ -992,7 +993,7 @@ impl Staging {
                 }
             }
             let mut encoded = Ok(());
-            let value = arena.value(|out| {
+            let value = value_buf.value(|out| {
                 encoded = encode_data_file_into(out, |i| rows.cell(i, row));
             });
             encoded?;
@@ -1214,9 +1215,9 @@ impl Staging {
             if record.cell(data_file::END_SNAPSHOT) != Cell::Null {
                 continue;
             }
-            let (writes, undo, arena, _) = self.parts();
+            let (writes, undo, value_buf, _) = self.parts();
             let mut encoded = Ok(());
-            let ended = arena.value(|out| {
+            let ended = value_buf.value(|out| {
                 encoded = encode_data_file_into(out, |i| {
                     if i == data_file::END_SNAPSHOT {
                         Cell::BigInt(end_snapshot)
