@@ -195,7 +195,7 @@ pub struct ServeConfig {
     #[arg(long, env = "MORAINE_MAX_ENDPOINTS", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_endpoints: u64,
     /// Embedded store: MiB of memory redb may use to cache pages and buffer writes.
-    #[arg(long, env = "MORAINE_REDB_CACHE_MB", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    #[arg(long, env = "MORAINE_REDB_CACHE_MB", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub redb_cache_mb: u64,
     /// Embedded store: milliseconds at most between a commit and the checkpoint that makes
     /// the redb file hold it (until then the commit log does; a crash replays it on start).
