@@ -75,10 +75,10 @@ const CHECKPOINT_LOG_BYTES: u64 = 64 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedbOptions {
     /// Memory redb may use to cache pages and buffer writes. The default, 16 MiB, is as fast
-    /// as 32 MiB (and 32 MiB as 64 MiB) on the comparison harness's reads and commits at
-    /// medium and large scale, and the server holds about 20 MiB less in every workload: the
-    /// scans stream past the cache, and the operating system's page cache holds the file as
-    /// well. (Measured 2026-12-07 on the release build, the two sizes alternated: a full
+    /// as 32 MiB on the comparison harness's reads and commits at medium and large scale (as
+    /// 32 MiB was as fast as 64 MiB at medium scale), and the server holds about 20 MiB less
+    /// in every workload: the scans stream past the cache, and the operating system's page
+    /// cache holds the file as well. (Measured 2026-12-07 on the release build, the two sizes alternated: a full
     /// mapping load at 1M mappings took 1.69-1.99 s of wall time and 2.10-2.37 s of server
     /// CPU with 16 MiB, 1.86-1.92 s and 2.30-2.40 s with 32 MiB; a 100k-mapping transaction
     /// peaked at 164-166 MiB instead of 187-189 MiB.)
