@@ -78,10 +78,10 @@ pub struct RedbOptions {
     /// as 32 MiB on the comparison harness's reads and commits at medium and large scale (as
     /// 32 MiB was as fast as 64 MiB at medium scale), and the server holds about 20 MiB less
     /// in every workload: the scans stream past the cache, and the operating system's page
-    /// cache holds the file as well. (Measured 2026-12-07 on the release build, the two sizes alternated: a full
-    /// mapping load at 1M mappings took 1.69-1.99 s of wall time and 2.10-2.37 s of server
-    /// CPU with 16 MiB, 1.86-1.92 s and 2.30-2.40 s with 32 MiB; a 100k-mapping transaction
-    /// peaked at 164-166 MiB instead of 187-189 MiB.)
+    /// cache holds the file as well. (Measured 2026-12-07 on the release build, the two sizes
+    /// alternated: a full mapping load at 1M mappings took 1.69-1.99 s of wall time and
+    /// 2.10-2.37 s of server CPU with 16 MiB, 1.86-1.92 s and 2.30-2.40 s with 32 MiB; a
+    /// 100k-mapping transaction peaked at 164-166 MiB instead of 187-189 MiB.)
     pub cache_bytes: usize,
     /// A checkpoint follows at most this long after the first commit it covers: the longest
     /// the commit log grows for, and so about the longest a replay after a crash takes to
