@@ -21,6 +21,7 @@ use crate::flight::held::HeldSnapshots;
 pub use crate::flight::held::PartLimits;
 use crate::flight::prepared::PreparedLimits;
 pub use crate::flight::tickets::TicketKey;
+use crate::flight::wire::{self, DirectGet};
 use crate::flight::{MoraineFlightService, MoraineSqlService};
 use crate::kv::{Store, StoreLimits};
 use crate::query::{FastPaths, QueryEngine, QueryLimits};
@@ -330,7 +331,7 @@ pub async fn start_secured(
     let engine = QueryEngine::with_limits(catalog, FastPaths::ALL, limits.query);
     let held = HeldSnapshots::new(limits.parts, limits.clock.clone());
     held.spawn_reaper();
-    let service = MoraineFlightService::new(MoraineSqlService::new(
+    let flight = MoraineFlightService::new(MoraineSqlService::new(
         engine,
         txns,
         limits.prepared,
@@ -338,9 +339,17 @@ pub async fn start_secured(
         ticket_key,
         held,
     )?);
-    let service = FlightServiceServer::new(service)
+    let service = FlightServiceServer::new(flight.clone())
         .max_decoding_message_size(MAX_DECODING_MESSAGE)
         .max_encoding_message_size(MAX_ENCODING_MESSAGE);
+    let service = DirectGet::new(
+        service,
+        flight,
+        wire::Limits {
+            decoding: MAX_DECODING_MESSAGE,
+            encoding: MAX_ENCODING_MESSAGE,
+        },
+    );
     let service = Gate::new(service, Arc::clone(&access.auth));
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = tokio::spawn(probe_health(store_probe, reporter));

@@ -14,6 +14,7 @@ pub(crate) mod session;
 pub mod status;
 pub mod tickets;
 pub(crate) mod upload;
+pub mod wire;
 
 pub use plain::MoraineFlightService;
 pub use service::MoraineSqlService;

@@ -13,6 +13,7 @@ use arrow_flight::{
     Action, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, PollInfo,
     SchemaResult, Ticket,
 };
+use datafusion::execution::SendableRecordBatchStream;
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -160,6 +161,51 @@ fn check_message(bytes: &[u8], carrier: Carrier) -> Result<()> {
             Carrier::Action => Ok(()),
         },
         Ok(_) => Ok(()),
+    }
+}
+
+impl MoraineFlightService {
+    /// Whether a `DoGet` of `ticket` streams a statement's rows (a statement's ticket or a
+    /// prepared statement's), which [`DirectGet`](super::wire::DirectGet) sends itself.
+    pub(super) fn streams_rows(ticket: &[u8]) -> bool {
+        use arrow_flight::sql::{Any, Command};
+        use prost::Message as _;
+        Any::decode(ticket)
+            .ok()
+            .and_then(|any| Command::try_from(any).ok())
+            .is_some_and(|command| {
+                matches!(
+                    command,
+                    Command::TicketStatementQuery(_) | Command::CommandPreparedStatementQuery(_)
+                )
+            })
+    }
+
+    /// The rows a `DoGet` of a ticket that [`streams_rows`](Self::streams_rows) streams: what
+    /// `do_get` answers, before the rows are encoded.
+    pub(super) async fn ticket_rows(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<SendableRecordBatchStream, Status> {
+        use arrow_flight::sql::{Any, Command};
+        use prost::Message as _;
+        let ticket = &request.get_ref().ticket;
+        crate::metrics::note_command(request.extensions(), label_of_message(ticket));
+        check_message(ticket, Carrier::Ticket).map_err(|err| to_status(&err))?;
+        let command = Any::decode(&**ticket)
+            .ok()
+            .and_then(|any| Command::try_from(any).ok());
+        match command {
+            Some(Command::TicketStatementQuery(ticket)) => {
+                self.sql.statement_rows(ticket, &request).await
+            }
+            Some(Command::CommandPreparedStatementQuery(command)) => {
+                self.sql.prepared_rows(command, &request).await
+            }
+            _ => Err(to_status(&Error::WrongCall(
+                "not a ticket of a statement's rows",
+            ))),
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use arrow_flight::{
     Action, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse, Ticket,
 };
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::SendableRecordBatchStream;
 use futures::TryStreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -84,6 +85,47 @@ impl MoraineSqlService {
 
 fn status<T>(result: Result<T>) -> Result<T, Status> {
     result.map_err(|err| to_status(&err))
+}
+
+impl MoraineSqlService {
+    /// The rows a statement's ticket (a `TicketStatementQuery` this server signed) streams.
+    pub(super) async fn statement_rows(
+        &self,
+        ticket: TicketStatementQuery,
+        request: &Request<Ticket>,
+    ) -> Result<SendableRecordBatchStream, Status> {
+        let session = caller(request)?;
+        let ticket = status(TicketKind::decode(
+            &ticket.statement_handle,
+            &self.ticket_key,
+        ))?;
+        status(self.stream_ticket(ticket, &session).await)
+    }
+
+    /// The rows a prepared read statement's ticket streams.
+    pub(super) async fn prepared_rows(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: &Request<Ticket>,
+    ) -> Result<SendableRecordBatchStream, Status> {
+        let session = caller(request)?;
+        let prepared = status(
+            self.prepared
+                .get(&cmd.prepared_statement_handle, session.owner()),
+        )?;
+        if prepared.write.is_some() {
+            return Err(to_status(&Error::WrongCall(
+                "a write statement runs at GetFlightInfo; read its count through the ticket that returns",
+            )));
+        }
+        let txn = self.txn_of_prepared(&prepared, &session);
+        let view = status(self.view(txn.as_ref()).await)?;
+        status(
+            self.engine
+                .execute_at(&view, &prepared.sql, prepared.bound)
+                .await,
+        )
+    }
 }
 
 #[tonic::async_trait]
@@ -169,12 +211,7 @@ impl FlightSqlService for MoraineSqlService {
         ticket: TicketStatementQuery,
         request: Request<Ticket>,
     ) -> Result<Response<BoxedStream<arrow_flight::FlightData>>, Status> {
-        let session = caller(&request)?;
-        let ticket = status(TicketKind::decode(
-            &ticket.statement_handle,
-            &self.ticket_key,
-        ))?;
-        let stream = status(self.stream_ticket(ticket, &session).await)?;
+        let stream = self.statement_rows(ticket, &request).await?;
         Ok(Response::new(flight_stream(&stream.schema(), stream)))
     }
 
@@ -183,23 +220,7 @@ impl FlightSqlService for MoraineSqlService {
         cmd: CommandPreparedStatementQuery,
         request: Request<Ticket>,
     ) -> Result<Response<BoxedStream<arrow_flight::FlightData>>, Status> {
-        let session = caller(&request)?;
-        let prepared = status(
-            self.prepared
-                .get(&cmd.prepared_statement_handle, session.owner()),
-        )?;
-        if prepared.write.is_some() {
-            return Err(to_status(&Error::WrongCall(
-                "a write statement runs at GetFlightInfo; read its count through the ticket that returns",
-            )));
-        }
-        let txn = self.txn_of_prepared(&prepared, &session);
-        let view = status(self.view(txn.as_ref()).await)?;
-        let stream = status(
-            self.engine
-                .execute_at(&view, &prepared.sql, prepared.bound)
-                .await,
-        )?;
+        let stream = self.prepared_rows(cmd, &request).await?;
         Ok(Response::new(flight_stream(&stream.schema(), stream)))
     }
 
