@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use arrow_flight::flight_service_server::FlightServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -339,11 +338,7 @@ pub async fn start_secured(
         ticket_key,
         held,
     )?);
-    let service = FlightServiceServer::new(flight.clone())
-        .max_decoding_message_size(MAX_DECODING_MESSAGE)
-        .max_encoding_message_size(MAX_ENCODING_MESSAGE);
     let service = DirectGet::new(
-        service,
         flight,
         wire::Limits {
             decoding: MAX_DECODING_MESSAGE,

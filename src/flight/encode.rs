@@ -602,11 +602,13 @@ pub(super) fn schema_bytes(schema: &SchemaRef) -> Result<Vec<u8>, Status> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use arrow_flight::decode::FlightRecordBatchStream;
-    use datafusion::arrow::array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
+    use datafusion::arrow::array::{
+        ArrayRef, BooleanArray, DictionaryArray, Int64Array, StringArray,
+    };
     use datafusion::arrow::compute::concat_batches;
     use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
     use datafusion::arrow::record_batch::RecordBatch;
@@ -615,10 +617,12 @@ mod tests {
 
     use super::{MAX_FLIGHT_DATA, flight_stream};
 
-    fn schema() -> SchemaRef {
+    /// A result's schema: an id, a name and a flag, some null, and a dictionary column.
+    pub(in crate::flight) fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("name", DataType::Utf8, true),
+            Field::new("flag", DataType::Boolean, true),
             Field::new(
                 "kind",
                 DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
@@ -627,12 +631,18 @@ mod tests {
         ]))
     }
 
-    fn batch(rows: i64, name_bytes: usize) -> RecordBatch {
+    /// `rows` rows of [`schema`], names of `name_bytes` bytes.
+    pub(in crate::flight) fn batch(rows: i64, name_bytes: usize) -> RecordBatch {
         let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
         let names: ArrayRef = Arc::new(
             (0..rows)
                 .map(|i| (i % 5 != 0).then(|| format!("{i:0>name_bytes$}")))
                 .collect::<StringArray>(),
+        );
+        let flags: ArrayRef = Arc::new(
+            (0..rows)
+                .map(|i| (i % 7 != 0).then_some(i % 2 == 0))
+                .collect::<BooleanArray>(),
         );
         let kinds: ArrayRef = Arc::new(
             (0..rows)
@@ -643,7 +653,7 @@ mod tests {
                 })
                 .collect::<DictionaryArray<Int32Type>>(),
         );
-        RecordBatch::try_new(schema(), vec![ids, names, kinds]).expect("batch")
+        RecordBatch::try_new(schema(), vec![ids, names, flags, kinds]).expect("batch")
     }
 
     async fn messages(batches: Vec<RecordBatch>) -> Vec<arrow_flight::FlightData> {
@@ -657,7 +667,10 @@ mod tests {
             .expect("encoded")
     }
 
-    async fn decoded(messages: Vec<arrow_flight::FlightData>) -> (SchemaRef, Vec<RecordBatch>) {
+    /// What a Flight client reads from `messages`: the schema and the batches.
+    pub(in crate::flight) async fn decoded(
+        messages: Vec<arrow_flight::FlightData>,
+    ) -> (SchemaRef, Vec<RecordBatch>) {
         let mut stream = FlightRecordBatchStream::new_from_flight_data(futures::stream::iter(
             messages.into_iter().map(Ok),
         ));

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use arrow_flight::flight_service_server::FlightServiceServer;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use futures::StreamExt as _;
 use http_body::Frame;
@@ -48,15 +49,19 @@ pub struct Limits {
 
 /// The Flight service, with the `DoGet` calls that stream a statement's rows answered here.
 #[derive(Clone)]
-pub struct DirectGet<S> {
-    inner: S,
+pub struct DirectGet {
+    inner: FlightServiceServer<MoraineFlightService>,
     flight: MoraineFlightService,
     limits: Limits,
 }
 
-impl<S> DirectGet<S> {
-    /// `inner` (the gRPC server of `flight`), with `flight`'s rows sent directly.
-    pub fn new(inner: S, flight: MoraineFlightService, limits: Limits) -> Self {
+impl DirectGet {
+    /// `flight`'s gRPC service, with its message size `limits`, and its rows sent directly.
+    #[must_use]
+    pub fn new(flight: MoraineFlightService, limits: Limits) -> Self {
+        let inner = FlightServiceServer::new(flight.clone())
+            .max_decoding_message_size(limits.decoding)
+            .max_encoding_message_size(limits.encoding);
         Self {
             inner,
             flight,
@@ -65,24 +70,17 @@ impl<S> DirectGet<S> {
     }
 }
 
-impl<S: NamedService> NamedService for DirectGet<S> {
-    const NAME: &'static str = S::NAME;
+impl NamedService for DirectGet {
+    const NAME: &'static str = <FlightServiceServer<MoraineFlightService> as NamedService>::NAME;
 }
 
-impl<S> Service<http::Request<Body>> for DirectGet<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl Service<http::Request<Body>> for DirectGet {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
+        Service::<http::Request<Body>>::poll_ready(&mut self.inner, cx)
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {

@@ -1,60 +1,17 @@
-use std::sync::Arc;
-
 use arrow_flight::FlightData;
-use arrow_flight::decode::FlightRecordBatchStream;
 use bytes::{Buf as _, Bytes};
-use datafusion::arrow::array::{
-    Array as _, ArrayRef, BooleanArray, DictionaryArray, Int64Array, StringArray,
-};
+use datafusion::arrow::array::Array as _;
 use datafusion::arrow::compute::concat_batches;
-use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::StreamExt as _;
 use http_body_util::BodyExt as _;
 use prost::Message as _;
 use tonic::codegen::http::HeaderMap;
 
 use super::{GrpcBody, ticket_of};
-use crate::flight::encode::message_stream;
-
-fn schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("name", DataType::Utf8, true),
-        Field::new("flag", DataType::Boolean, true),
-        Field::new(
-            "kind",
-            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
-            true,
-        ),
-    ]))
-}
-
-fn batch(rows: i64, name_bytes: usize) -> RecordBatch {
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
-    let names: ArrayRef = Arc::new(
-        (0..rows)
-            .map(|i| (i % 5 != 0).then(|| format!("{i:0>name_bytes$}")))
-            .collect::<StringArray>(),
-    );
-    let flags: ArrayRef = Arc::new(
-        (0..rows)
-            .map(|i| (i % 7 != 0).then_some(i % 2 == 0))
-            .collect::<BooleanArray>(),
-    );
-    let kinds: ArrayRef = Arc::new(
-        (0..rows)
-            .map(|i| {
-                ["by_name", "by_id"]
-                    .get(usize::try_from(i % 2).unwrap_or(0))
-                    .copied()
-            })
-            .collect::<DictionaryArray<Int32Type>>(),
-    );
-    RecordBatch::try_new(schema(), vec![ids, names, flags, kinds]).expect("batch")
-}
+use crate::flight::encode::tests::{batch, schema};
+use crate::flight::encode::{self, message_stream};
 
 /// What a response body sends: its data frames, and its trailers.
 struct Sent {
@@ -95,22 +52,17 @@ fn messages(sent: &Sent) -> Vec<FlightData> {
 }
 
 async fn decoded(messages: Vec<FlightData>) -> Vec<RecordBatch> {
-    let mut stream = FlightRecordBatchStream::new_from_flight_data(futures::stream::iter(
-        messages.into_iter().map(Ok),
-    ));
-    let mut batches = Vec::new();
-    while let Some(batch) = stream.next().await {
-        batches.push(batch.expect("decodes"));
-    }
-    assert_eq!(stream.schema().cloned(), Some(schema()));
+    let (read, batches) = encode::tests::decoded(messages).await;
+    assert_eq!(read, schema());
     batches
 }
 
-fn status_of(trailers: &HeaderMap) -> &str {
+/// A trailer's value, empty when it is missing.
+fn trailer<'a>(trailers: &'a HeaderMap, name: &str) -> &'a str {
     trailers
-        .get("grpc-status")
+        .get(name)
         .and_then(|value| value.to_str().ok())
-        .unwrap_or("missing")
+        .unwrap_or_default()
 }
 
 /// A framed result reads back, through arrow-flight's decoder, as exactly the rows sent: a
@@ -120,7 +72,7 @@ fn status_of(trailers: &HeaderMap) -> &str {
 async fn a_framed_result_reads_back_as_sent() {
     let sent = vec![batch(3, 4), batch(60_000, 48), batch(0, 4), batch(1_000, 8)];
     let response = send(sent.iter().cloned().map(Ok).collect(), 16 << 20).await;
-    assert_eq!(status_of(&response.trailers), "0");
+    assert_eq!(trailer(&response.trailers, "grpc-status"), "0");
     let messages = messages(&response);
     assert!(messages.len() >= 1 + 3 + 2, "{} messages", messages.len());
     let rows = |b: &[RecordBatch]| concat_batches(&schema(), b).expect("concatenated");
@@ -154,12 +106,9 @@ async fn an_error_ends_the_call_with_its_status() {
         16 << 20,
     )
     .await;
-    assert_ne!(status_of(&response.trailers), "0");
-    let message = response
-        .trailers
-        .get("grpc-message")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
+    let code = trailer(&response.trailers, "grpc-status");
+    assert!(!matches!(code, "" | "0"), "grpc-status {code:?}");
+    let message = trailer(&response.trailers, "grpc-message");
     assert!(message.contains("went"), "grpc-message {message:?}");
     assert_eq!(decoded(messages(&response)).await, vec![batch(10, 4)]);
 }
@@ -170,14 +119,10 @@ async fn an_error_ends_the_call_with_its_status() {
 async fn a_message_over_the_limit_ends_the_call_out_of_range() {
     let response = send(vec![Ok(batch(10, 4)), Ok(batch(5_000, 40))], 64 << 10).await;
     assert_eq!(
-        status_of(&response.trailers),
+        trailer(&response.trailers, "grpc-status"),
         (tonic::Code::OutOfRange as i32).to_string()
     );
-    let message = response
-        .trailers
-        .get("grpc-message")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
+    let message = trailer(&response.trailers, "grpc-message");
     assert!(message.contains("65536"), "grpc-message {message:?}");
     assert_eq!(decoded(messages(&response)).await, vec![batch(10, 4)]);
 }
