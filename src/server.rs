@@ -347,7 +347,8 @@ pub async fn start_secured(
     );
     let service = Gate::new(service, Arc::clone(&access.auth));
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let health = tokio::spawn(probe_health(store_probe, reporter));
+    let first = check_health(&store_probe, &reporter, None).await;
+    let health = tokio::spawn(probe_health(store_probe, reporter, first));
     let (tx, rx) = oneshot::channel::<()>();
     let tls = access.tls.clone();
     let task = tokio::spawn(async move {
@@ -404,8 +405,30 @@ const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Keeps the standard gRPC health service (`grpc.health.v1.Health`) saying whether the store
 /// answers: SERVING while a snapshot read succeeds within [`HEALTH_TIMEOUT`], `NOT_SERVING`
-/// otherwise, for the server as a whole (`""`) and for the Flight service.
-async fn probe_health(catalog: Catalog, reporter: tonic_health::server::HealthReporter) {
+/// otherwise, for the server as a whole (`""`) and for the Flight service. `last` is the
+/// status the check before this task set.
+async fn probe_health(
+    catalog: Catalog,
+    reporter: tonic_health::server::HealthReporter,
+    mut last: tonic_health::ServingStatus,
+) {
+    let mut every =
+        tokio::time::interval_at(tokio::time::Instant::now() + HEALTH_EVERY, HEALTH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        last = check_health(&catalog, &reporter, Some(last)).await;
+    }
+}
+
+/// Reads the store once and sets both services' status from the answer (logging a change
+/// from `last`); returns the status set. The server runs the first check before it answers
+/// any call, so that the Flight service's status is known from the first health call on.
+async fn check_health(
+    catalog: &Catalog,
+    reporter: &tonic_health::server::HealthReporter,
+    last: Option<tonic_health::ServingStatus>,
+) -> tonic_health::ServingStatus {
     use tonic::server::NamedService as _;
     let flight =
         <arrow_flight::flight_service_server::FlightServiceServer<MoraineFlightService>>::NAME;
@@ -413,36 +436,30 @@ async fn probe_health(catalog: Catalog, reporter: tonic_health::server::HealthRe
         .keyspace()
         .kind_range(crate::codec::Kind::Mapping)
         .start;
-    let mut every = tokio::time::interval(HEALTH_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = None;
-    loop {
-        every.tick().await;
-        let read = tokio::time::timeout(HEALTH_TIMEOUT, async {
-            catalog.snapshot().await?.kv().get(&key).await?;
-            Ok::<_, Error>(())
-        })
-        .await;
-        let (status, why) = match read {
-            Ok(Ok(())) => (tonic_health::ServingStatus::Serving, String::new()),
-            Ok(Err(err)) => (tonic_health::ServingStatus::NotServing, err.to_string()),
-            Err(_) => (
-                tonic_health::ServingStatus::NotServing,
-                format!("no answer within {HEALTH_TIMEOUT:?}"),
-            ),
-        };
-        if last != Some(status) {
-            if status == tonic_health::ServingStatus::Serving {
-                tracing::info!("the store answers: serving");
-            } else {
-                tracing::warn!("the store does not answer, not serving: {why}");
-            }
-            last = Some(status);
-        }
-        for service in ["", flight] {
-            reporter.set_service_status(service, status).await;
+    let read = tokio::time::timeout(HEALTH_TIMEOUT, async {
+        catalog.snapshot().await?.kv().get(&key).await?;
+        Ok::<_, Error>(())
+    })
+    .await;
+    let (status, why) = match read {
+        Ok(Ok(())) => (tonic_health::ServingStatus::Serving, String::new()),
+        Ok(Err(err)) => (tonic_health::ServingStatus::NotServing, err.to_string()),
+        Err(_) => (
+            tonic_health::ServingStatus::NotServing,
+            format!("no answer within {HEALTH_TIMEOUT:?}"),
+        ),
+    };
+    if last != Some(status) {
+        if status == tonic_health::ServingStatus::Serving {
+            tracing::info!("the store answers: serving");
+        } else {
+            tracing::warn!("the store does not answer, not serving: {why}");
         }
     }
+    for service in ["", flight] {
+        reporter.set_service_status(service, status).await;
+    }
+    status
 }
 
 /// Brings the store up to the current layout before anything reads it.
