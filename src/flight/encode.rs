@@ -317,7 +317,7 @@ pub(crate) fn flight_stream(
 
 /// One Flight data message whose body stays in the pieces it is made of: the Arrow buffers
 /// of the batch's columns (and the padding between them), not a copy of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Message {
     /// The IPC message's flatbuffer (`FlightData.data_header`).
     pub header: Bytes,
@@ -443,10 +443,6 @@ impl BatchEncoder {
     }
 }
 
-/// Body pieces shorter than this are copied (into the message's frame, when sent) rather
-/// than lent as a buffer of their own, which would cost more than the copy.
-pub(super) const COPY_BELOW: usize = 4096;
-
 /// An Arrow buffer lent to the transport as bytes.
 struct Lent(Buffer);
 
@@ -487,11 +483,7 @@ impl Pieces {
         while n > 0 {
             let k = self.available().ok_or_else(short_stream)?.min(n);
             let piece = self.current.slice_with_length(self.at, k);
-            out.push(if k < COPY_BELOW {
-                Bytes::copy_from_slice(piece.as_slice())
-            } else {
-                Bytes::from_owner(Lent(piece))
-            });
+            out.push(Bytes::from_owner(Lent(piece)));
             self.at += k;
             n -= k;
         }

@@ -164,47 +164,51 @@ fn check_message(bytes: &[u8], carrier: Carrier) -> Result<()> {
     }
 }
 
-impl MoraineFlightService {
-    /// Whether a `DoGet` of `ticket` streams a statement's rows (a statement's ticket or a
-    /// prepared statement's), which [`DirectGet`](super::wire::DirectGet) sends itself.
-    pub(super) fn streams_rows(ticket: &[u8]) -> bool {
+/// A `DoGet` ticket that streams a statement's rows, which
+/// [`DirectGet`](super::wire::DirectGet) sends itself.
+pub(super) enum RowsTicket {
+    /// A statement's ticket, signed by this server.
+    Statement(arrow_flight::sql::TicketStatementQuery),
+    /// A prepared read statement's.
+    Prepared(arrow_flight::sql::CommandPreparedStatementQuery),
+}
+
+impl RowsTicket {
+    /// The ticket `bytes` hold, when it is one that streams a statement's rows. Any other
+    /// bytes (other commands, bytes that do not decode) are for the Flight service.
+    pub(super) fn of(bytes: &[u8]) -> Option<Self> {
         use arrow_flight::sql::{Any, Command};
         use prost::Message as _;
-        Any::decode(ticket)
-            .ok()
-            .and_then(|any| Command::try_from(any).ok())
-            .is_some_and(|command| {
-                matches!(
-                    command,
-                    Command::TicketStatementQuery(_) | Command::CommandPreparedStatementQuery(_)
-                )
-            })
+        match Command::try_from(Any::decode(bytes).ok()?).ok()? {
+            Command::TicketStatementQuery(ticket) => Some(Self::Statement(ticket)),
+            Command::CommandPreparedStatementQuery(command) => Some(Self::Prepared(command)),
+            _ => None,
+        }
     }
+}
 
-    /// The rows a `DoGet` of a ticket that [`streams_rows`](Self::streams_rows) streams: what
-    /// `do_get` answers, before the rows are encoded.
+impl MoraineFlightService {
+    /// The rows a `DoGet` of `ticket` streams: what `do_get` answers, before the rows are
+    /// encoded.
     pub(super) async fn ticket_rows(
         &self,
+        ticket: RowsTicket,
         request: Request<Ticket>,
     ) -> Result<SendableRecordBatchStream, Status> {
-        use arrow_flight::sql::{Any, Command};
-        use prost::Message as _;
-        let ticket = &request.get_ref().ticket;
-        crate::metrics::note_command(request.extensions(), label_of_message(ticket));
-        check_message(ticket, Carrier::Ticket).map_err(|err| to_status(&err))?;
-        let command = Any::decode(&**ticket)
-            .ok()
-            .and_then(|any| Command::try_from(any).ok());
-        match command {
-            Some(Command::TicketStatementQuery(ticket)) => {
-                self.sql.statement_rows(ticket, &request).await
-            }
-            Some(Command::CommandPreparedStatementQuery(command)) => {
-                self.sql.prepared_rows(command, &request).await
-            }
-            _ => Err(to_status(&Error::WrongCall(
-                "not a ticket of a statement's rows",
-            ))),
+        use arrow_flight::sql::{
+            CommandPreparedStatementQuery, ProstMessageExt as _, TicketStatementQuery,
+        };
+        let type_url = match &ticket {
+            RowsTicket::Statement(_) => TicketStatementQuery::type_url(),
+            RowsTicket::Prepared(_) => CommandPreparedStatementQuery::type_url(),
+        };
+        crate::metrics::note_command(
+            request.extensions(),
+            crate::metrics::command_label(type_url),
+        );
+        match ticket {
+            RowsTicket::Statement(ticket) => self.sql.statement_rows(ticket, &request).await,
+            RowsTicket::Prepared(command) => self.sql.prepared_rows(command, &request).await,
         }
     }
 }

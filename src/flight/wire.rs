@@ -25,8 +25,8 @@ use tonic::codegen::Service;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::server::NamedService;
 
-use super::encode::{BoxedStream, COPY_BELOW, Message, message_stream};
-use super::plain::MoraineFlightService;
+use super::encode::{BoxedStream, Message, message_stream};
+use super::plain::{MoraineFlightService, RowsTicket};
 
 type Body = tonic::body::Body;
 
@@ -37,6 +37,10 @@ const DO_GET: &str = "/arrow.flight.protocol.FlightService/DoGet";
 const HEADER_KEY: u8 = 2 << 3 | 2;
 /// `FlightData.data_body`: field 1000, length-delimited, as a varint.
 const BODY_KEY: [u8; 2] = [0xc2, 0x3e];
+
+/// Body pieces shorter than this are copied into their message's frame rather than sent as
+/// a chunk of their own, which would cost more than the copy.
+const COPY_BELOW: usize = 4096;
 
 /// Message size limits, as the Flight service has them.
 #[derive(Debug, Clone, Copy)]
@@ -98,17 +102,16 @@ impl Service<http::Request<Body>> for DirectGet {
                 Ok(bytes) => bytes,
                 Err(status) => return Ok(status.into_http()),
             };
-            let ticket = match ticket_of(&bytes) {
-                Some(ticket) if MoraineFlightService::streams_rows(&ticket.ticket) => ticket,
+            let rows = ticket_of(&bytes)
+                .and_then(|ticket| Some((RowsTicket::of(&ticket.ticket)?, ticket)));
+            let Some((rows, ticket)) = rows else {
                 // Everything else, including requests tonic refuses (compressed, cut short),
                 // goes to the Flight service as it came.
-                _ => {
-                    let request = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
-                    return inner.call(request).await;
-                }
+                let request = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
+                return inner.call(request).await;
             };
             let request = tonic::Request::from_http(http::Request::from_parts(parts, ticket));
-            Ok(match flight.ticket_rows(request).await {
+            Ok(match flight.ticket_rows(rows, request).await {
                 Ok(rows) => {
                     let schema = rows.schema();
                     let body = GrpcBody::new(message_stream(&schema, rows), limits.encoding);
