@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::mem;
 use std::ops::Bound;
+use std::sync::{Mutex, PoisonError};
 
 use self::arena::{Mark, Span};
 use self::slots::{Full, Hash, Lookup, Slots};
@@ -283,17 +284,19 @@ fn in_bounds(key: &[u8], (start, end): (Bound<&[u8]>, Bound<&[u8]>)) -> bool {
 /// heads do (a key that is a prefix of another pads with the least byte); where they are
 /// equal, the whole keys decide.
 fn head(key: &[u8], skip: usize) -> [u64; 3] {
+    let rest = key.get(skip..).unwrap_or_default();
     let mut bytes = [0_u8; 24];
-    for (to, from) in bytes.iter_mut().zip(key.get(skip..).unwrap_or_default()) {
-        *to = *from;
+    let len = rest.len().min(bytes.len());
+    if let (Some(to), Some(from)) = (bytes.get_mut(..len), rest.get(..len)) {
+        to.copy_from_slice(from);
     }
-    let mut words = [0_u64; 3];
-    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-        let mut eight = [0_u8; 8];
-        eight.copy_from_slice(chunk);
-        *word = u64::from_be_bytes(eight);
-    }
-    words
+    let word = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|eight| <[u8; 8]>::try_from(eight).ok())
+            .map_or(0, u64::from_be_bytes)
+    };
+    [word(0), word(8), word(16)]
 }
 
 /// How many first bytes all of `keys` share.
@@ -343,23 +346,57 @@ fn merge_positions(entries: &Entries, old: &[usize], fresh: Vec<usize>) -> Vec<u
 /// so it runs in cache rather than through the map. The heads start after the prefix every
 /// key shares (the deployment's key prefix, at least): from there a row key's 24 bytes hold
 /// its kind, its table and its id, and two keys' heads are almost never equal.
-fn sorted_positions(entries: &Entries, at: impl Iterator<Item = usize> + Clone) -> Vec<usize> {
+///
+/// Of those 24 bytes, a transaction's keys differ in only a few (the kinds are few, the
+/// tables' and the ids' high bytes are zero): when they differ in at most twelve, each head is
+/// packed into those bytes and the packed heads are sorted by [`sort_packed`]; otherwise by
+/// [`sort_by_digits`].
+fn sorted_positions(
+    entries: &Entries,
+    at: impl ExactSizeIterator<Item = usize> + Clone,
+) -> Vec<usize> {
     let key = |at: usize| key_at(entries, at);
     let skip = shared_prefix(at.clone().map(key));
-    let mut heads: Vec<Head> = at.map(|at| (head(key(at), skip), at)).collect();
-    if heads.len() < RADIX_FROM {
+    let count = at.len();
+    if count < RADIX_FROM {
+        let mut heads: Vec<Head> = at.map(|at| (head(key(at), skip), at)).collect();
         heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
-    } else {
-        radix_sort(&mut heads);
+        return positions_of(&heads);
+    }
+    // The keys are read twice more: for the bytes in which their heads differ, and to pack
+    // them. (Collected, the heads would take 24 bytes a key of memory freshly mapped for them,
+    // whose page faults cost more than the second read.)
+    let heads = at.clone().map(|at| (head(key(at), skip), at));
+    let digits = varying_digits(heads.clone().map(|(head, _)| head));
+    if digits.len() <= PACKED_DIGITS && u32::try_from(entries.len()).is_ok() {
+        let mut packed: Vec<u128> = heads.map(|(head, at)| pack(&head, &digits, at)).collect();
+        sort_packed(&mut packed, &mut vec![0; count]);
         // Equal heads: their keys decide.
-        for run in heads.chunk_by_mut(|a, b| a.0 == b.0) {
+        for run in packed.chunk_by_mut(|a, b| a >> 32 == b >> 32) {
             if run.len() > 1 {
-                run.sort_unstable_by(|a, b| cmp_keys(key(a.1), key(b.1)));
+                run.sort_unstable_by(|&a, &b| cmp_keys(key(unpack(a)), key(unpack(b))));
             }
         }
+        // A fresh vector, as below.
+        let mut order = Vec::with_capacity(packed.len());
+        order.extend(packed.iter().map(|&item| unpack(item)));
+        return order;
     }
-    // A fresh vector: collected from `heads` in place, the key order would keep the heads'
-    // allocation, four times its size, for as long as the writes are staged.
+    let mut heads: Vec<Head> = heads.collect();
+    sort_by_digits(&mut heads, &digits);
+    // Equal heads: their keys decide.
+    for run in heads.chunk_by_mut(|a, b| a.0 == b.0) {
+        if run.len() > 1 {
+            run.sort_unstable_by(|a, b| cmp_keys(key(a.1), key(b.1)));
+        }
+    }
+    positions_of(&heads)
+}
+
+/// The positions of sorted `heads`, in a fresh vector: collected from `heads` in place, the
+/// key order would keep the heads' allocation, four times its size, for as long as the writes
+/// are staged.
+fn positions_of(heads: &[Head]) -> Vec<usize> {
     let mut order = Vec::with_capacity(heads.len());
     order.extend(heads.iter().map(|&(_, at)| at));
     order
@@ -373,28 +410,23 @@ const RADIX_FROM: usize = 2_048;
 /// From how many heads a bucket of the radix sort is sorted by its next byte rather than by
 /// comparison: below it, counting 256 buckets costs more than comparing.
 const RADIX_RUN_FROM: usize = 256;
+/// Most bytes in which heads may differ for them to be sorted packed: 96 bits beside a 32-bit
+/// position.
+const PACKED_DIGITS: usize = 12;
 
-/// Sorts `heads` by their heads, in place: a radix sort most significant byte first, over
-/// only the bytes in which some two heads differ. Each pass counts one byte of a run of heads
-/// and moves every head of the run to its byte's bucket by swaps, then sorts each bucket by
-/// the next byte; a run shorter than [`RADIX_RUN_FROM`] is sorted by comparison. A transaction's
-/// keys share most of their head bytes (the kinds are few, the tables' and the ids' high
-/// bytes are zero), so a sort of millions of keys takes a few passes over them, where a
-/// comparison sort takes twenty-odd comparisons of each; and unlike a sort least significant
-/// byte first it needs no second buffer as large as the heads (at a large commit, that buffer
-/// was as large as the staged entries themselves).
-fn radix_sort(heads: &mut [Head]) {
-    let Some(&(first, _)) = heads.first() else {
-        return;
+/// The bytes in which some two of `heads` differ, most significant first, as (word, shift)
+/// within a head: word by word, each from its high byte.
+fn varying_digits(mut heads: impl Iterator<Item = [u64; 3]>) -> Vec<(usize, u32)> {
+    let Some(first) = heads.next() else {
+        return Vec::new();
     };
     let mut varying = [0_u64; 3];
-    for (head, _) in &*heads {
+    for head in heads {
         for (bits, (word, first)) in varying.iter_mut().zip(head.iter().zip(first)) {
             *bits |= word ^ first;
         }
     }
-    // The bytes to sort by, most significant first: word by word, each from its high byte.
-    let digits: Vec<(usize, u32)> = varying
+    varying
         .iter()
         .enumerate()
         .flat_map(|(word, bits)| {
@@ -404,12 +436,180 @@ fn radix_sort(heads: &mut [Head]) {
                 .filter(move |shift| (bits >> shift) & 0xff != 0)
                 .map(move |shift| (word, shift))
         })
-        .collect();
-    sort_by_digits(heads, &digits);
+        .collect()
 }
 
-/// One pass of [`radix_sort`] over `heads`, by the first of `digits`, and the passes over
-/// each bucket by the rest.
+/// `head`'s bytes at `digits` (at most [`PACKED_DIGITS`]), packed above the low 32 bits in the
+/// same order, and the position `at` (below 2³², as every position of the staged keys is) in
+/// the low 32: packed heads order as the heads do, since the heads are equal in every other
+/// byte.
+fn pack(head: &[u64; 3], digits: &[(usize, u32)], at: usize) -> u128 {
+    let packed = digits.iter().fold(0_u128, |packed, &(word, shift)| {
+        (packed << 8) | u128::from((head.get(word).copied().unwrap_or_default() >> shift) & 0xff)
+    });
+    (packed << 32) | (at as u128 & u128::from(u32::MAX))
+}
+
+/// The position a packed head holds.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "the low 32 bits hold a position"
+)]
+fn unpack(item: u128) -> usize {
+    item as u32 as usize
+}
+
+/// Sorts packed heads by the bytes above their positions: a radix sort least significant
+/// byte first over the bytes in which the heads differ, each pass one stable move of every
+/// head into a second buffer (`scratch`, as long as `items`), reading and writing in order
+/// where a sort most significant byte first swaps heads into 256 places scattered over the
+/// run. Heads that differ in more than [`LSD_PASSES`] bytes are first split by their most
+/// significant differing byte, and each part sorted so in turn: a transaction's kinds of keys
+/// differ in different bytes (a row's table and id, an index entry's id), and apart they
+/// differ in few. The two buffers of 16-byte packed heads hold what the 32-byte unpacked heads
+/// with their positions alone would.
+fn sort_packed(items: &mut [u128], scratch: &mut [u128]) {
+    if items.len() < RADIX_RUN_FROM {
+        items.sort_unstable();
+        return;
+    }
+    let Some(&first) = items.first() else {
+        return;
+    };
+    let varying = items
+        .iter()
+        .fold(0_u128, |bits, &item| bits | (item ^ first))
+        >> 32;
+    let bytes: Vec<u32> = (0_u32..)
+        .take(PACKED_DIGITS)
+        .filter(|&byte| (varying >> (8 * byte)) & 0xff != 0)
+        .collect();
+    let Some(scratch) = scratch.get_mut(..items.len()) else {
+        return;
+    };
+    match bytes.last() {
+        // Equal heads: their keys decide, as the caller sorts them.
+        None => {}
+        Some(&top) if bytes.len() > LSD_PASSES => {
+            let (starts, ends) = scatter(items, scratch, top);
+            items.copy_from_slice(scratch);
+            let parts: Vec<(usize, usize)> = starts
+                .into_iter()
+                .zip(ends)
+                .filter(|&(start, end)| end - start > 1)
+                .collect();
+            if items.len() >= PARALLEL_FROM {
+                sort_parts_on_two_threads(items, scratch, &parts);
+            } else {
+                sort_parts(items, scratch, &parts, 0);
+            }
+        }
+        Some(_) => {
+            let mut in_scratch = false;
+            for &byte in &bytes {
+                if in_scratch {
+                    scatter(scratch, items, byte);
+                } else {
+                    scatter(items, scratch, byte);
+                }
+                in_scratch = !in_scratch;
+            }
+            if in_scratch {
+                items.copy_from_slice(scratch);
+            }
+        }
+    }
+}
+
+/// Most bytes a part's heads may differ in to be sorted least significant byte first.
+const LSD_PASSES: usize = 6;
+
+/// From how many heads the parts of a split are sorted on two threads. A seal that large is
+/// a commit's (or a view's) of a bulk load, which its client waits for with nothing else to
+/// do, so that the second core is free.
+const PARALLEL_FROM: usize = 1 << 16;
+
+/// Sorts the `parts` (start and end, past `offset`) of `items` by [`sort_packed`].
+fn sort_parts(items: &mut [u128], scratch: &mut [u128], parts: &[(usize, usize)], offset: usize) {
+    for &(start, end) in parts {
+        let range = start - offset..end - offset;
+        if let (Some(part), Some(scratch)) = (items.get_mut(range.clone()), scratch.get_mut(range))
+        {
+            sort_packed(part, scratch);
+        }
+    }
+}
+
+/// [`sort_parts`] with the parts divided in two runs of about as many heads, the first sorted
+/// on a thread of its own (or on this one, if none can be started).
+fn sort_parts_on_two_threads(items: &mut [u128], scratch: &mut [u128], parts: &[(usize, usize)]) {
+    let half = items.len() / 2;
+    let split = parts.partition_point(|&(_, end)| end <= half);
+    let (first, second) = parts.split_at(split);
+    let mid = first.last().map_or(0, |&(_, end)| end);
+    let (items_first, items_second) = items.split_at_mut(mid);
+    let (scratch_first, scratch_second) = scratch.split_at_mut(mid);
+    // Taken by the thread, or by this one if no thread could be started.
+    let first_job = Mutex::new(Some((items_first, scratch_first)));
+    let run_first = || {
+        let job = first_job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some((items, scratch)) = job {
+            sort_parts(items, scratch, first, 0);
+        }
+    };
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("moraine-seal".into())
+            .spawn_scoped(scope, run_first);
+        sort_parts(items_second, scratch_second, second, mid);
+        if let Err(err) = spawned {
+            tracing::debug!(%err, "no second thread for the seal's sort; sorting on this one");
+            run_first();
+        }
+    });
+}
+
+/// Moves `from` into `to` (as long), stably, in the order of the packed heads' byte `byte`;
+/// returns where each byte's heads start and end.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "a digit is one byte of the packed head"
+)]
+fn scatter(from: &[u128], to: &mut [u128], byte: u32) -> ([usize; 256], [usize; 256]) {
+    let digit = |item: u128| usize::from((item >> (32 + 8 * byte)) as u8);
+    let mut counts = [0_usize; 256];
+    for &item in from {
+        if let Some(count) = counts.get_mut(digit(item)) {
+            *count += 1;
+        }
+    }
+    let mut starts = [0_usize; 256];
+    let mut total = 0;
+    for (start, count) in starts.iter_mut().zip(counts) {
+        *start = total;
+        total += count;
+    }
+    let mut next = starts;
+    for &item in from {
+        if let Some(place) = next.get_mut(digit(item))
+            && let Some(slot) = to.get_mut(*place)
+        {
+            *slot = item;
+            *place += 1;
+        }
+    }
+    (starts, next)
+}
+
+/// Sorts `heads` in place by their bytes at `digits` (the bytes in which some two differ,
+/// most significant first), for heads that differ in too many bytes to be packed: a radix
+/// sort most significant byte first, with no second buffer. Each pass counts one byte of a
+/// run of heads and moves every head of the run to its byte's bucket by swaps, then sorts
+/// each bucket by the next byte; a run shorter than [`RADIX_RUN_FROM`] is sorted by
+/// comparison.
 fn sort_by_digits(heads: &mut [Head], digits: &[(usize, u32)]) {
     if heads.len() < RADIX_RUN_FROM {
         heads.sort_unstable_by_key(|&(head, _)| head);

@@ -417,11 +417,13 @@ fn a_change_taken_back_gives_its_arena_bytes_back() {
     assert_eq!(staged.len(), 1);
 }
 
-/// The in-place radix sort orders heads as a comparison sort does, through runs large enough
-/// to be split again at several bytes (skewed tables, ids that share their high bytes, equal
-/// heads), and keeps every position once.
+/// Both radix sorts order heads as a comparison sort does, through runs large enough to be
+/// split again at several bytes (skewed tables, ids that share their high bytes, equal
+/// heads), and keep every position once: the in-place sort of whole heads, and the sort of
+/// heads packed into the bytes in which they differ (enough of them for its parts to be
+/// sorted on two threads).
 #[test]
-fn radix_sort_orders_heads_as_a_comparison_sort_does() {
+fn radix_sorts_order_heads_as_a_comparison_sort_does() {
     let mut state = 0x2545_f491_4f6c_dd1d_u64;
     let mut next = move || {
         state ^= state << 13;
@@ -429,7 +431,7 @@ fn radix_sort_orders_heads_as_a_comparison_sort_does() {
         state ^= state << 17;
         state
     };
-    let mut heads: Vec<Head> = (0..60_000)
+    let mut heads: Vec<Head> = (0..PARALLEL_FROM + 4_000)
         .map(|at| {
             let r = next();
             let kind = r % 3;
@@ -439,18 +441,86 @@ fn radix_sort_orders_heads_as_a_comparison_sort_does() {
             } else {
                 (r >> 8) % 500
             };
-            let id = (r >> 20) % 40_000;
+            let id = (r >> 20) % 400_000;
             ([(kind << 56) | table, id << 8, r % 2], at)
         })
         .collect();
     let mut expected: Vec<[u64; 3]> = heads.iter().map(|(head, _)| *head).collect();
     expected.sort_unstable();
-    radix_sort(&mut heads);
+    let digits = varying_digits(heads.iter().map(|&(head, _)| head));
+    // Kind, two bytes of table, three of id and the last byte: few enough to pack, and more
+    // than one split of the packed sort takes by the least significant byte first.
+    assert!(
+        (LSD_PASSES + 1..=PACKED_DIGITS).contains(&digits.len()),
+        "{digits:?}"
+    );
+    let head_at: Vec<[u64; 3]> = heads.iter().map(|&(head, _)| head).collect();
+
+    let mut packed: Vec<u128> = heads
+        .iter()
+        .map(|&(head, at)| pack(&head, &digits, at))
+        .collect();
+    sort_packed(&mut packed, &mut vec![0; PARALLEL_FROM + 4_000]);
+    let sorted: Vec<[u64; 3]> = packed
+        .iter()
+        .filter_map(|&item| head_at.get(unpack(item)).copied())
+        .collect();
+    assert_eq!(sorted, expected);
+    let mut positions: Vec<usize> = packed.iter().map(|&item| unpack(item)).collect();
+    positions.sort_unstable();
+    assert!(positions.iter().copied().eq(0..PARALLEL_FROM + 4_000));
+
+    sort_by_digits(&mut heads, &digits);
     let sorted: Vec<[u64; 3]> = heads.iter().map(|(head, _)| *head).collect();
     assert_eq!(sorted, expected);
     let mut positions: Vec<usize> = heads.iter().map(|&(_, at)| at).collect();
     positions.sort_unstable();
-    assert!(positions.iter().copied().eq(0..60_000));
+    assert!(positions.iter().copied().eq(0..PARALLEL_FROM + 4_000));
+}
+
+/// Row keys of many tables (a kind, a table and an id past a shared prefix, as the keyspace
+/// lays them out) seal in key order through the packed sort, including keys whose heads are
+/// equal: keys longer than a head that differ only past it, and a key that is a prefix of
+/// another.
+#[test]
+fn row_keys_seal_in_key_order_through_the_packed_sort() {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut staged = StagedWrites::new();
+    let mut expected = std::collections::BTreeSet::new();
+    for _ in 0..RADIX_FROM * 4 {
+        let r = next();
+        let mut key = b"deployment/".to_vec();
+        key.push(u8::try_from(r % 2).expect("a kind"));
+        key.extend_from_slice(&((r >> 8) % 700).to_be_bytes());
+        key.extend_from_slice(&((r >> 20) % 50_000).to_be_bytes());
+        let mut keys = vec![key.clone()];
+        if r % 5 == 0 {
+            // Past the head, which ends with seven zero bytes here, keys that differ only
+            // there: their heads equal each other's and the shorter key's.
+            for last in [3, 1] {
+                let mut longer = key.clone();
+                longer.extend_from_slice(&[0; 7]);
+                longer.push(last);
+                keys.push(longer);
+            }
+        }
+        for key in keys {
+            staged.put(&key, b"v", &mut Undo::off()).expect("put");
+            expected.insert(key);
+        }
+    }
+    let skip = shared_prefix(expected.iter().map(Vec::as_slice));
+    assert_eq!(skip, b"deployment/".len());
+    assert!(varying_digits(expected.iter().map(|key| head(key, skip))).len() <= PACKED_DIGITS);
+    staged.seal();
+    let sealed: Vec<Vec<u8>> = staged.iter().map(|(key, _)| key.to_vec()).collect();
+    assert_eq!(sealed, expected.into_iter().collect::<Vec<_>>());
 }
 
 /// A small transaction holds little: one staged key costs a few KiB (its arena's first chunk,
