@@ -417,6 +417,16 @@ fn a_change_taken_back_gives_its_arena_bytes_back() {
     assert_eq!(staged.len(), 1);
 }
 
+/// A deterministic stream of pseudo-random numbers from `seed` (xorshift64).
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 /// Both radix sorts order heads as a comparison sort does, through runs large enough to be
 /// split again at several bytes (skewed tables, ids that share their high bytes, equal
 /// heads), and keep every position once: the in-place sort of whole heads, and the sort of
@@ -424,13 +434,7 @@ fn a_change_taken_back_gives_its_arena_bytes_back() {
 /// sorted on two threads).
 #[test]
 fn radix_sorts_order_heads_as_a_comparison_sort_does() {
-    let mut state = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d_u64);
     let mut heads: Vec<Head> = (0..PARALLEL_FROM + 4_000)
         .map(|at| {
             let r = next();
@@ -484,13 +488,7 @@ fn radix_sorts_order_heads_as_a_comparison_sort_does() {
 /// another.
 #[test]
 fn row_keys_seal_in_key_order_through_the_packed_sort() {
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15_u64);
     let mut staged = StagedWrites::new();
     let mut expected = std::collections::BTreeSet::new();
     for _ in 0..RADIX_FROM * 4 {
