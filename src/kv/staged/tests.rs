@@ -498,7 +498,7 @@ fn row_keys_seal_in_key_order_through_the_packed_sort() {
         key.extend_from_slice(&((r >> 8) % 700).to_be_bytes());
         key.extend_from_slice(&((r >> 20) % 50_000).to_be_bytes());
         let mut keys = vec![key.clone()];
-        if r % 5 == 0 {
+        if r.is_multiple_of(5) {
             // Past the head, which ends with seven zero bytes here, keys that differ only
             // there: their heads equal each other's and the shorter key's.
             for last in [3, 1] {
