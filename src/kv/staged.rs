@@ -360,8 +360,8 @@ fn sorted_positions(
     let count = at.len();
     if count < RADIX_FROM {
         let mut heads: Vec<Head> = at.map(|at| (head(key(at), skip), at)).collect();
-        heads.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| cmp_keys(key(a.1), key(b.1))));
-        return positions_of(&heads);
+        heads.sort_unstable_by_key(|&(head, _)| head);
+        return order_of(entries, &mut heads, |a, b| a.0 == b.0, |&(_, at)| at);
     }
     // The keys are read twice more: for the bytes in which their heads differ, and to pack
     // them. (Collected, the heads would take 24 bytes a key of memory freshly mapped for them,
@@ -371,34 +371,35 @@ fn sorted_positions(
     if digits.len() <= PACKED_DIGITS && u32::try_from(entries.len()).is_ok() {
         let mut packed: Vec<u128> = heads.map(|(head, at)| pack(&head, &digits, at)).collect();
         sort_packed(&mut packed, &mut vec![0; count]);
-        // Equal heads: their keys decide.
-        for run in packed.chunk_by_mut(|a, b| a >> 32 == b >> 32) {
-            if run.len() > 1 {
-                run.sort_unstable_by(|&a, &b| cmp_keys(key(unpack(a)), key(unpack(b))));
-            }
-        }
-        // A fresh vector, as below.
-        let mut order = Vec::with_capacity(packed.len());
-        order.extend(packed.iter().map(|&item| unpack(item)));
-        return order;
+        return order_of(
+            entries,
+            &mut packed,
+            |a, b| a >> 32 == b >> 32,
+            |&item| unpack(item),
+        );
     }
     let mut heads: Vec<Head> = heads.collect();
     sort_by_digits(&mut heads, &digits);
-    // Equal heads: their keys decide.
-    for run in heads.chunk_by_mut(|a, b| a.0 == b.0) {
-        if run.len() > 1 {
-            run.sort_unstable_by(|a, b| cmp_keys(key(a.1), key(b.1)));
-        }
-    }
-    positions_of(&heads)
+    order_of(entries, &mut heads, |a, b| a.0 == b.0, |&(_, at)| at)
 }
 
-/// The positions of sorted `heads`, in a fresh vector: collected from `heads` in place, the
-/// key order would keep the heads' allocation, four times its size, for as long as the writes
-/// are staged.
-fn positions_of(heads: &[Head]) -> Vec<usize> {
-    let mut order = Vec::with_capacity(heads.len());
-    order.extend(heads.iter().map(|&(_, at)| at));
+/// The positions of `sorted` (heads in order, whose runs of equal heads `same_head` finds,
+/// each holding the position `at` gives) in key order: a run of equal heads is ordered by
+/// its whole keys. The order is a fresh vector: collected from `sorted` in place, it would
+/// keep that larger allocation for as long as the writes are staged.
+fn order_of<T>(
+    entries: &Entries,
+    sorted: &mut [T],
+    same_head: impl FnMut(&T, &T) -> bool,
+    at: impl Fn(&T) -> usize,
+) -> Vec<usize> {
+    for run in sorted.chunk_by_mut(same_head) {
+        if run.len() > 1 {
+            run.sort_unstable_by(|a, b| cmp_keys(key_at(entries, at(a)), key_at(entries, at(b))));
+        }
+    }
+    let mut order = Vec::with_capacity(sorted.len());
+    order.extend(sorted.iter().map(at));
     order
 }
 
