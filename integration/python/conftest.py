@@ -650,6 +650,12 @@ class Server:
             self.stop()
             pytest.fail(f"{self.name}: asked for 127.0.0.1:0, got `listening on {self.address}`",
                         pytrace=False)
+        # jemalloc reads the server's settings (`MALLOC_CONF` in src/main.rs) at start-up and
+        # only warns, on stderr, about one it does not know; it then runs without it.
+        refused = [line for line in self.log().splitlines() if line.startswith("<jemalloc>")]
+        if refused:
+            self.stop()
+            pytest.fail(f"{self.name}: the allocator refused a setting: {refused}", pytrace=False)
         return f"grpc://{host}:{port}"
 
     def stop(self) -> Optional[str]:
