@@ -113,19 +113,24 @@ struct IdOrder {
 }
 
 /// Streams the rows of `kind` whose ids lie in `ids`, in id order (then table order), one
-/// page per index page of `entries` entries, optionally only those of tables `keep`.
+/// page per index page, optionally only those of tables `keep`. The index pages of each
+/// interval of `ids` grow from `first_entries` entries, doubling, to `entries`: the first
+/// rows leave after one small page's reads, not after the reads (with their read-ahead) of
+/// a full page, while everything downstream (the batches, the client) waits for them.
 pub(super) fn rows_in_id_order(
     snapshot: &CatalogSnapshot,
     kind: Kind,
     ids: Vec<RangeInclusive<i64>>,
     keep: Option<Keep>,
+    first_entries: usize,
     entries: PageSize,
 ) -> BoxStream<'static, Result<Page>> {
     let snapshot = snapshot.clone();
     stream::iter(ids)
         .flat_map(move |ids| {
-            let index = snapshot.snapshot.scan_pages(
+            let index = snapshot.snapshot.scan_pages_growing(
                 snapshot.keyspace.id_span(kind.counterpart(), ids.clone()),
+                PageSize::rows(first_entries),
                 entries,
             );
             let reader = IdOrder {

@@ -30,6 +30,12 @@ const ID_ORDER_PAGE: PageSize = PageSize {
     bytes: 4 << 20,
 };
 
+/// Index entries of the first page when rows are read in id order; the pages after it double
+/// up to [`ID_ORDER_PAGE`]. A full first page reads (with its read-ahead) eight times its
+/// 8,192 rows before the first row leaves: at 100k mappings, 40 ms of one core during which
+/// nothing downstream has work.
+const ID_ORDER_FIRST_ENTRIES: usize = 64;
+
 /// A set of ids whose span is at most this many times its size is read as one span of the
 /// index (a sequential read of small entries); a sparser set is probed one run of consecutive
 /// ids at a time, in one round trip.
@@ -473,7 +479,7 @@ impl CatalogSnapshot {
         ids: Vec<RangeInclusive<i64>>,
         keep: Option<Arc<dyn Fn(TableId) -> bool + Send + Sync>>,
     ) -> BoxStream<'static, Result<Page>> {
-        id_order::rows_in_id_order(self, kind, ids, keep, ID_ORDER_PAGE)
+        id_order::rows_in_id_order(self, kind, ids, keep, ID_ORDER_FIRST_ENTRIES, ID_ORDER_PAGE)
     }
 }
 

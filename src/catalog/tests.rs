@@ -67,16 +67,18 @@ async fn interleaved() -> (Catalog, Vec<(i64, i64)>) {
     (catalog, pairs)
 }
 
-/// The `(mapping_id, table_id)` of each row read in id order, and the size of the largest page.
+/// The `(mapping_id, table_id)` of each row read in id order, and the sizes of the pages. The
+/// index pages grow from one entry to [`ENTRIES`].
 async fn read(
     catalog: &Catalog,
     ids: Vec<RangeInclusive<i64>>,
     keep: Option<id_order::Keep>,
-) -> Result<(Vec<(i64, i64)>, usize)> {
+) -> Result<(Vec<(i64, i64)>, Vec<usize>)> {
     let snapshot = catalog.snapshot().await?;
-    let pages: Vec<Page> = id_order::rows_in_id_order(&snapshot, Kind::Mapping, ids, keep, ENTRIES)
-        .try_collect()
-        .await?;
+    let pages: Vec<Page> =
+        id_order::rows_in_id_order(&snapshot, Kind::Mapping, ids, keep, 1, ENTRIES)
+            .try_collect()
+            .await?;
     let mut rows = Vec::new();
     for page in &pages {
         for (key, value) in page.iter() {
@@ -85,7 +87,7 @@ async fn read(
             rows.push((row.id, row.table_id.0));
         }
     }
-    Ok((rows, pages.iter().map(Page::len).max().unwrap_or(0)))
+    Ok((rows, pages.iter().map(Page::len).collect()))
 }
 
 /// Writes `writes` straight to the store, past the write path and its index upkeep.
@@ -105,11 +107,17 @@ fn is_dangling(err: &crate::Error) -> bool {
 #[tokio::test]
 async fn rows_of_interleaved_tables_come_in_id_then_table_order() {
     let (catalog, pairs) = interleaved().await;
-    let (rows, largest) = read(&catalog, vec![i64::MIN..=i64::MAX], None)
+    let (rows, sizes) = read(&catalog, vec![i64::MIN..=i64::MAX], None)
         .await
         .expect("read");
     assert_eq!(rows, pairs);
-    assert!(largest <= ENTRIES.rows, "a page of {largest} rows");
+    // One row per index entry: the pages grow from one entry, doubling, to a full page.
+    assert_eq!(
+        sizes.get(..5),
+        Some([1, 2, 4, 5, 5].as_slice()),
+        "{sizes:?}"
+    );
+    assert!(sizes.iter().all(|&size| size <= ENTRIES.rows), "{sizes:?}");
 
     // Intervals end where the read-ahead must stop: rows past them are not the index's.
     let (low, high) = (pairs[40].0, pairs[300].0);
@@ -186,4 +194,44 @@ async fn a_row_the_index_lacks_between_two_it_lists_is_corruption() {
         }
     }
     assert!(strays > 100, "only {strays} gaps");
+}
+
+#[tokio::test]
+async fn growing_pages_double_from_the_first_size_to_the_full_one() {
+    let catalog = Catalog::new(Store::memory(), Keyspace::new(KeyPrefix::none()));
+    let mut writes = WriteSet::new();
+    for i in 0_u8..40 {
+        writes.put(vec![b'k', i], vec![i; 3]);
+    }
+    commit_raw(&catalog, writes).await;
+    let snapshot = catalog.snapshot().await.expect("snapshot");
+    let full = PageSize {
+        rows: 16,
+        bytes: usize::MAX,
+    };
+    let sizes = |first: PageSize| {
+        let pages = snapshot.snapshot.scan_pages_growing(
+            KeyRange::new(b"k".to_vec(), b"l".to_vec()),
+            first,
+            full,
+        );
+        async move {
+            let pages: Vec<Page> = pages.try_collect().await.expect("scan");
+            let keys: Vec<u8> = pages
+                .iter()
+                .flat_map(|page| page.iter().map(|(key, _)| key[1]))
+                .collect();
+            assert_eq!(keys, (0..40).collect::<Vec<u8>>());
+            pages.iter().map(Page::len).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(sizes(PageSize::rows(3)).await, [3, 6, 12, 16, 3]);
+    // A first size above the full one is the full one.
+    assert_eq!(sizes(PageSize::rows(100)).await, [16, 16, 8]);
+    // The byte bound grows too: pairs of 5 bytes, the first page bounded at 10.
+    let by_bytes = PageSize {
+        rows: usize::MAX,
+        bytes: 10,
+    };
+    assert_eq!(sizes(by_bytes).await, [2, 4, 8, 16, 10]);
 }

@@ -507,21 +507,44 @@ impl Snapshot {
         range: KeyRange,
         page: PageSize,
     ) -> BoxStream<'static, Result<Page, KvError>> {
+        self.scan_pages_growing(range, page, page)
+    }
+
+    /// [`scan_pages`](Self::scan_pages) with pages that grow: the first of size `first`
+    /// (within `page`), each next one twice the one before, up to `page`. For a consumer that
+    /// can start on a few pairs: it waits for a small page, not for a full one.
+    #[must_use]
+    pub fn scan_pages_growing(
+        &self,
+        range: KeyRange,
+        first: PageSize,
+        page: PageSize,
+    ) -> BoxStream<'static, Result<Page, KvError>> {
         let page = page.at_least_one();
+        let first = PageSize {
+            rows: first.rows.min(page.rows),
+            bytes: first.bytes.min(page.bytes),
+        }
+        .at_least_one();
         let snapshot = Arc::clone(&self.inner);
-        let state = (!range.is_empty()).then_some(range);
+        let state = (!range.is_empty()).then_some((range, first));
         stream::unfold(state, move |state| {
             let snapshot = Arc::clone(&snapshot);
             async move {
-                let range = state?;
+                let (range, size) = state?;
+                let next_size = PageSize {
+                    rows: size.rows.saturating_mul(2).min(page.rows),
+                    bytes: size.bytes.saturating_mul(2).min(page.bytes),
+                };
                 let started = std::time::Instant::now();
-                let found = snapshot.scan_page(&range, page).await;
+                let found = snapshot.scan_page(&range, size).await;
                 match crate::metrics::get().time_read("scan_page", started, found) {
                     Err(err) => Some((Err(err), None)),
                     Ok(found) => {
                         let next = match found.last_key() {
                             Some(last) if !found.is_exhausted() => {
-                                Some(range.after(last)).filter(|rest| !rest.is_empty())
+                                Some((range.after(last), next_size))
+                                    .filter(|(rest, _)| !rest.is_empty())
                             }
                             _ => None,
                         };
