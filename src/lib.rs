@@ -63,6 +63,7 @@ pub mod metrics;
 pub mod model;
 pub mod progress;
 pub mod query;
+pub(crate) mod read_ahead;
 pub mod server;
 mod text;
 pub mod tls;

@@ -468,7 +468,10 @@ impl Upload {
             }
         })
         .boxed();
-        (decoded_ahead(changes, DECODED_AHEAD), tally)
+        (
+            crate::read_ahead::read_ahead(changes, DECODED_AHEAD, "reading an upload"),
+            tally,
+        )
     }
 }
 
@@ -479,62 +482,6 @@ impl Upload {
 /// upload holds beyond what is staged: the batch being staged, one decoded and waiting, and
 /// the one being decoded, each at most a message's size.
 const DECODED_AHEAD: usize = 1;
-
-/// `changes` read and decoded by a task of its own, at most `ahead` batches (at least one)
-/// before the caller takes them, in order; the first error ends the stream. The task stops
-/// when the caller drops the stream. A reader that panics ends the stream with an error, so
-/// that a cut-off upload is never taken for a whole one.
-fn decoded_ahead<T: Send + 'static>(
-    mut changes: BoxStream<'static, Result<T>>,
-    ahead: usize,
-) -> BoxStream<'static, Result<T>> {
-    /// The receiving end; dropping it stops the reader.
-    struct Ahead<T> {
-        batches: tokio::sync::mpsc::Receiver<Result<T>>,
-        reader: Option<tokio::task::JoinHandle<()>>,
-    }
-    impl<T> Drop for Ahead<T> {
-        fn drop(&mut self) {
-            if let Some(reader) = &self.reader {
-                reader.abort();
-            }
-        }
-    }
-    let (sender, batches) = tokio::sync::mpsc::channel(ahead.max(1));
-    let reader = tokio::spawn(async move {
-        while let Some(batch) = changes.next().await {
-            let failed = batch.is_err();
-            if sender.send(batch).await.is_err() || failed {
-                return;
-            }
-        }
-    });
-    let ahead = Ahead {
-        batches,
-        reader: Some(reader),
-    };
-    stream::unfold(ahead, |mut ahead| async move {
-        if let Some(batch) = ahead.batches.recv().await {
-            return Some((batch, ahead));
-        }
-        // The reader is done: the upload ended, or the reader failed.
-        let reader = ahead.reader.take()?;
-        match reader.await {
-            Ok(()) => None,
-            Err(err) => {
-                tracing::warn!(%err, "an upload's reader failed; the upload is refused");
-                Some((
-                    Err(Error::Internal {
-                        context: "reading an upload",
-                        reason: err.to_string(),
-                    }),
-                    ahead,
-                ))
-            }
-        }
-    })
-    .boxed()
-}
 
 #[cfg(test)]
 mod tests {
@@ -548,8 +495,7 @@ mod tests {
     use datafusion::arrow::record_batch::RecordBatch;
     use futures::TryStreamExt as _;
 
-    use super::{decoded, decoded_ahead};
-    use crate::error::{Error, Result};
+    use super::decoded;
 
     /// An upload decodes as sent: a dictionary column with its dictionaries, bodies where the
     /// transport put them or moved off their alignment (the reader copies what its types need
@@ -619,101 +565,6 @@ mod tests {
         assert!(
             err.to_string().contains("before the stream's schema"),
             "{err}"
-        );
-    }
-
-    /// Lets every other task of the (single-threaded) test runtime run until it waits.
-    async fn let_others_run() {
-        for _ in 0..64 {
-            tokio::task::yield_now().await;
-        }
-    }
-
-    /// Batches decoded ahead come in order, and the reader runs at most its bound ahead of
-    /// the caller (one waiting in the channel, one in its hands), not to the end of the
-    /// upload; the first error ends the stream.
-    #[tokio::test]
-    async fn batches_decoded_ahead_come_in_order_within_the_bound() {
-        use futures::StreamExt as _;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-
-        let read = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&read);
-        let upload = futures::stream::iter(0..10_usize)
-            .map(move |batch| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                Ok(batch)
-            })
-            .boxed();
-        let mut ahead = decoded_ahead(upload, 1);
-        assert_eq!(ahead.next().await.map(Result::ok), Some(Some(0)));
-        let_others_run().await;
-        // Taken: 1; waiting in the channel: 1; read and held until there is room: 1.
-        assert_eq!(read.load(Ordering::SeqCst), 3);
-        let rest: Vec<usize> = ahead.map(|batch| batch.expect("no error")).collect().await;
-        assert_eq!(rest, (1..10).collect::<Vec<_>>());
-
-        let failing = futures::stream::iter(vec![
-            Ok(1),
-            Err(Error::InvalidRequest {
-                reason: "batch 2".into(),
-            }),
-            Ok(3),
-        ])
-        .boxed();
-        let got: Vec<Result<usize>> = decoded_ahead(failing, 1).collect().await;
-        assert!(
-            matches!(got.as_slice(), [Ok(1), Err(Error::InvalidRequest { reason })] if reason == "batch 2")
-        );
-    }
-
-    /// Dropping the stream stops its reader (the upload is let go); a reader that panics
-    /// ends the stream with an error, not as if the upload had ended.
-    #[tokio::test]
-    async fn a_dropped_stream_stops_its_reader_and_a_failed_reader_is_an_error() {
-        use futures::StreamExt as _;
-
-        /// Says when the upload it is part of is let go.
-        struct Released(Arc<Mutex<bool>>);
-        impl Drop for Released {
-            fn drop(&mut self) {
-                *self.0.lock().expect("unpoisoned") = true;
-            }
-        }
-        let released = Arc::new(Mutex::new(false));
-        let guard = Released(Arc::clone(&released));
-        let endless = futures::stream::repeat(1_usize)
-            .map(move |batch| {
-                let _held = &guard;
-                Ok(batch)
-            })
-            .boxed();
-        let mut ahead = decoded_ahead(endless, 1);
-        assert_eq!(ahead.next().await.map(Result::ok), Some(Some(1)));
-        assert!(!*released.lock().expect("unpoisoned"));
-        drop(ahead);
-        let_others_run().await;
-        assert!(*released.lock().expect("unpoisoned"));
-
-        let panicking = futures::stream::iter(0..3_usize)
-            .map(|batch| {
-                assert!(batch < 1, "the decoder failed on batch {batch}");
-                Ok(batch)
-            })
-            .boxed();
-        let got: Vec<Result<usize>> = decoded_ahead(panicking, 1).collect().await;
-        assert!(
-            matches!(
-                got.as_slice(),
-                [
-                    Ok(0),
-                    Err(Error::Internal {
-                        context: "reading an upload",
-                        ..
-                    })
-                ]
-            ),
-            "{got:?}"
         );
     }
 }

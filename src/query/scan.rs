@@ -29,7 +29,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use futures::stream::{self, BoxStream, StreamExt as _};
-use tokio::sync::mpsc;
 
 use super::arrow::{Keep, RecordBuilder, Shape};
 use super::pushdown::IdSet;
@@ -265,7 +264,7 @@ impl CatalogScanExec {
                     shared
                 };
                 stream::unfold(shared, |shared| async move {
-                    let page = shared.pages.lock().await.recv().await?;
+                    let page = shared.pages.lock().await.next().await?;
                     Some((page, shared))
                 })
                 .boxed()
@@ -368,42 +367,20 @@ fn read_ahead(
     pages: BoxStream<'static, crate::Result<Page>>,
     ahead: usize,
 ) -> BoxStream<'static, crate::Result<Page>> {
-    let shared = Arc::new(SharedPages::start(pages, ahead));
-    stream::unfold(shared, |shared| async move {
-        let page = shared.pages.lock().await.recv().await?;
-        Some((page, shared))
-    })
-    .boxed()
+    crate::read_ahead::read_ahead(pages, ahead, "reading a scan's pages")
 }
 
 /// Pages read in order by one task, taken by whichever partition asks next. When every
 /// partition has dropped its stream, the reader stops.
 struct SharedPages {
-    pages: tokio::sync::Mutex<mpsc::Receiver<crate::Result<Page>>>,
-    reader: tokio::task::JoinHandle<()>,
+    pages: tokio::sync::Mutex<BoxStream<'static, crate::Result<Page>>>,
 }
 
 impl SharedPages {
-    fn start(mut pages: BoxStream<'static, crate::Result<Page>>, buffer: usize) -> Self {
-        let (sender, receiver) = mpsc::channel(buffer.max(1));
-        let reader = tokio::spawn(async move {
-            while let Some(page) = pages.next().await {
-                let failed = page.is_err();
-                if sender.send(page).await.is_err() || failed {
-                    return;
-                }
-            }
-        });
+    fn start(pages: BoxStream<'static, crate::Result<Page>>, buffer: usize) -> Self {
         Self {
-            pages: tokio::sync::Mutex::new(receiver),
-            reader,
+            pages: tokio::sync::Mutex::new(read_ahead(pages, buffer)),
         }
-    }
-}
-
-impl Drop for SharedPages {
-    fn drop(&mut self) {
-        self.reader.abort();
     }
 }
 
