@@ -7,9 +7,10 @@ use futures::stream::{self, BoxStream};
 use crate::error::{Error, Result};
 
 /// `items` read by a task of its own, at most `ahead` items (at least one) before the caller
-/// takes them, in order; the first error ends the stream, and once ended it stays ended. The task stops when the caller
-/// drops the stream. A reader that panics ends the stream with an internal error about
-/// `what` it was doing, so that a cut-off stream is never taken for a whole one.
+/// takes them, in order; the first error ends the stream, and once ended it stays ended.
+/// The task stops when the caller drops the stream. A reader that panics ends the stream
+/// with an internal error about `what` it was doing, so that a cut-off stream is never
+/// taken for a whole one.
 pub(crate) fn read_ahead<T: Send + 'static>(
     mut items: BoxStream<'static, Result<T>>,
     ahead: usize,
