@@ -16,6 +16,7 @@
 mod digest;
 mod divide;
 pub mod memory;
+mod near;
 mod overlay;
 mod page;
 #[cfg(feature = "tikv")]
@@ -35,6 +36,7 @@ use futures::stream::{self, BoxStream, StreamExt as _};
 pub use crate::key_range::KeyRange;
 pub use digest::{Digest, Digester};
 pub use divide::{Divided, Division};
+pub use near::NearIds;
 pub use page::{KvPair, Page, PageSize};
 pub use staged::{Prior, RangeRequirement, Requirement, Staged, StagedWrites, Undo};
 pub use write_set::{Mutation, WriteSet};

@@ -18,6 +18,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use super::{Insert, Op};
 use crate::batch::{Columns, arrow_type, nullable_schema};
 use crate::error::{Error, Result};
+use crate::kv::NearIds;
 use crate::model::{
     CatalogTable, Column, DataFileRow, DuckLakeVersion, SqlType, commit_upload_columns,
     mapping_load_columns,
@@ -107,7 +108,7 @@ pub struct RowDecoder {
     sources: Vec<Option<usize>>,
     /// The mappings of a load or commit stream seen in earlier rows: their `table_id` and
     /// `type`, which every later row of the mapping must repeat.
-    seen: HashMap<i64, (Option<i64>, Option<String>)>,
+    seen: HashMap<i64, (Option<i64>, Option<String>), NearIds>,
     rows: usize,
 }
 
@@ -207,7 +208,7 @@ impl RowDecoder {
         Ok(Self {
             shape,
             sources,
-            seen: HashMap::new(),
+            seen: HashMap::default(),
             rows: 0,
         })
     }

@@ -19,7 +19,6 @@ use std::mem;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use foldhash::fast::RandomState;
 use futures::StreamExt as _;
 
 use super::fold::{self, NameColumns, OwnedName};
@@ -32,7 +31,9 @@ use crate::codec::{
     encode_mapping_into, read_mapping,
 };
 use crate::error::{Error, Result};
-use crate::kv::{Digest, Digester, KeyRange, PageSize, Prior, Requirement, StagedWrites, Undo};
+use crate::kv::{
+    Digest, Digester, KeyRange, NearIds, PageSize, Prior, Requirement, StagedWrites, Undo,
+};
 use crate::model::Violation;
 use crate::model::{CatalogTable, Cell, TableId};
 
@@ -150,13 +151,15 @@ pub struct Staging {
     value_buf: ValueBuffer,
     /// Per `mapping_id`, the mapping the transaction inserted that its later name rows join:
     /// its table, whether it has a name row yet, and where its record is staged. Holding a
-    /// mapping here means the transaction writes its record: a delete takes it out.
-    inserted_ids: HashMap<i64, Inserted, RandomState>,
+    /// mapping here means the transaction writes its record: a delete takes it out. Placed
+    /// by id ([`NearIds`]): a bulk load inserts and then names its mappings in id order, and
+    /// at a million mappings a look-up placed at random took a cache miss and a page walk.
+    inserted_ids: HashMap<i64, Inserted, NearIds>,
     /// Mappings inserted with no name row yet, `(table_id, mapping_id)`, that
     /// `inserted_ids` does not hold (their id was inserted into another table first).
-    unnamed: HashSet<(i64, i64), RandomState>,
+    unnamed: HashSet<(i64, i64), NearIds>,
     /// Mappings with a `parent_column` that is none of their columns (yet).
-    missing_parents: HashMap<(i64, i64), Vec<Violation>, RandomState>,
+    missing_parents: HashMap<(i64, i64), Vec<Violation>, NearIds>,
     /// Name rows whose mapping the transaction has not inserted (yet), by `mapping_id`.
     waiting: BTreeMap<i64, Vec<OwnedName>>,
     /// Mappings whose insert was refused: their name rows are part of that refusal, not

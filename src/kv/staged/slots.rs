@@ -10,19 +10,20 @@
 //! that growing the table reads the table alone. An entry names its key's bytes in the map's
 //! arena ([`super::arena`]) rather than holding them.
 //!
-//! Keys are placed by their ids as well as by hash ([`Slots::hash`]): keys that differ only in
-//! the low bits of their last byte, the low bits of the id a catalog key ends in, lie side by
-//! side in one run of buckets. A bulk load stages the data-file index's keys (the id alone)
-//! in id order; placed at random, each took a cache miss and a page walk in the table, which
-//! at a million files had grown past the caches; placed side by side, a run of 64 ids takes
-//! one. The data-file phase of a 1M-mapping load went from 1.73 s to 1.36 s, the load's CPU
-//! from 5.07 s to 4.44 s (an optimized build, medians of 6 interleaved rounds).
+//! Keys are placed by their ids as well as by hash ([`Slots::hash`], [`crate::kv::near`]): keys
+//! that differ only in the low bits of their last byte, the low bits of the id a catalog key ends
+//! in, lie side by side in one run of buckets. A bulk load stages the data-file index's keys (the
+//! id alone) in id order; placed at random, each took a cache miss and a page walk in the table,
+//! which at a million files had grown past the caches; placed side by side, a run of 64 ids takes
+//! one. The data-file phase of a 1M-mapping load went from 1.73 s to 1.36 s, the load's CPU from
+//! 5.07 s to 4.44 s (an optimized build, medians of 6 interleaved rounds).
 
 use std::hash::BuildHasher as _;
 
 use hashbrown::HashTable;
 
 use super::arena::{Arena, Span};
+use crate::kv::near::{NEAR_MASK_BYTE, near_hash, placed};
 
 /// Entries per chunk: 4,096 entries of 32 bytes, 128 KiB.
 const CHUNK_BITS: u32 = 12;
@@ -34,26 +35,6 @@ struct Slot {
     hash: u32,
     at: u32,
 }
-
-impl Slot {
-    /// The hash the table places the slot by, the same when the slot is placed, found and
-    /// moved as the table grows. Its low [`NEAR_BITS`] bits are the key's near bits, the
-    /// bits above them its block's hash spread over the rest (by an odd multiplier): keys of
-    /// one block lie in one aligned run of `2^NEAR_BITS` buckets, in the order of their ids.
-    /// The top seven bits, which the table keeps as the slot's tag and compares first, are
-    /// the near bits and a bit of the block's: no two keys of a block share a tag.
-    fn placed(hash: u32) -> u64 {
-        let near = u64::from(hash & NEAR_MASK);
-        let block = u64::from(hash >> NEAR_BITS).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let tag = near | ((block >> 63) << NEAR_BITS);
-        (tag << 57) | (((block << NEAR_BITS) | near) & ((1 << 57) - 1))
-    }
-}
-
-/// Bits of a key's place taken from its ids' low bits ([`Slots::hash`]).
-const NEAR_BITS: u32 = 6;
-const NEAR_MASK: u32 = (1 << NEAR_BITS) - 1;
-const NEAR_MASK_BYTE: u8 = (1 << NEAR_BITS) - 1;
 
 /// Why a key could not be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,8 +96,7 @@ impl<V: Copy> Slots<V> {
 
     /// Makes room in the table for `additional` more keys.
     pub(super) fn reserve(&mut self, additional: usize) {
-        self.table
-            .reserve(additional, |slot| Slot::placed(slot.hash));
+        self.table.reserve(additional, |slot| placed(slot.hash));
     }
 
     /// The bytes of keys and values.
@@ -138,14 +118,14 @@ impl<V: Copy> Slots<V> {
     }
 
     /// A key's 32-bit hash: its block's hash in the high bits and its near bits, the low
-    /// [`NEAR_BITS`] bits of its last byte, in the low ones. A key's block is the key with
-    /// those bits cleared: up to `2^NEAR_BITS` keys that differ only in them. A catalog key
-    /// ends in a big-endian id, and a bulk write stages new ids in order (the data-file
-    /// index's keys are the id alone), so a run of them is staged a block at a time: one
-    /// run of the table's buckets, rather than a random cache line and page per key. The
-    /// block's hash is seeded, as every hash here, so where a block lies cannot be chosen
-    /// from outside; and a block holds at most `2^NEAR_BITS` keys, each with a bucket of
-    /// its own, so no input crowds more keys onto one bucket than random hashing would.
+    /// [`NEAR_BITS`](crate::kv::near::NEAR_BITS) bits of its last byte, in the low ones. A key's
+    /// block is the key with those bits cleared: up to `2^NEAR_BITS` keys that differ only in them.
+    /// A catalog key ends in a big-endian id, and a bulk write stages new ids in order (the
+    /// data-file index's keys are the id alone), so a run of them is staged a block at a time: one
+    /// run of the table's buckets, rather than a random cache line and page per key. The block's
+    /// hash is seeded, as every hash here, so where a block lies cannot be chosen from outside; and
+    /// a block holds at most `2^NEAR_BITS` keys, each with a bucket of its own, so no input crowds
+    /// more keys onto one bucket than random hashing would.
     fn hash(&self, key: &[u8]) -> u32 {
         use std::hash::Hasher as _;
         let mut hasher = self.state.build_hasher();
@@ -157,9 +137,7 @@ impl<V: Copy> Slots<V> {
             }
             None => 0,
         };
-        // The high half: foldhash mixes its output there best.
-        let [a, b, c, d, ..] = hasher.finish().to_be_bytes();
-        (u32::from_be_bytes([a, b, c, d]) & !NEAR_MASK) | near
+        near_hash(hasher.finish(), near)
     }
 
     /// Where `key` is.
@@ -167,7 +145,7 @@ impl<V: Copy> Slots<V> {
         let hash = self.hash(key);
         let (chunks, arena) = (&self.chunks, &self.arena);
         self.table
-            .find(Slot::placed(hash), |slot| {
+            .find(placed(hash), |slot| {
                 slot.hash == hash
                     && entry_in(chunks, slot.at as usize)
                         .is_some_and(|(span, _)| arena.get(*span, 0) == key)
@@ -225,8 +203,8 @@ impl<V: Copy> Slots<V> {
         };
         let span = self.arena.push_with(key, trailer).map_err(Full::Key)?;
         self.table
-            .insert_unique(Slot::placed(hash), Slot { hash, at: slot_at }, |slot| {
-                Slot::placed(slot.hash)
+            .insert_unique(placed(hash), Slot { hash, at: slot_at }, |slot| {
+                placed(slot.hash)
             });
         if self.chunks.last().is_none_or(|chunk| chunk.len() == CHUNK) {
             // The first chunk grows as a vector does (to `CHUNK`, a power of two), so that a
@@ -273,7 +251,7 @@ impl<V: Copy> Slots<V> {
                 self.chunks.pop();
             }
             let key = self.arena.get(span, 0);
-            let hash = Slot::placed(self.hash(key));
+            let hash = placed(self.hash(key));
             if let Ok(slot) = self.table.find_entry(hash, |slot| slot.at as usize == at) {
                 slot.remove();
             }
@@ -324,6 +302,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::kv::near::NEAR_BITS;
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -441,8 +420,8 @@ mod tests {
         let slots: Slots<u32> = Slots::default();
         let key = |id: u64| [b"catalog".as_slice(), &id.to_be_bytes()].concat();
         // The bucket and the tag of a table of 2^20 buckets, as hashbrown takes them.
-        let bucket = |id: u64| Slot::placed(slots.hash(&key(id))) & ((1 << 20) - 1);
-        let tag = |id: u64| Slot::placed(slots.hash(&key(id))) >> 57;
+        let bucket = |id: u64| placed(slots.hash(&key(id))) & ((1 << 20) - 1);
+        let tag = |id: u64| placed(slots.hash(&key(id))) >> 57;
         let block = 1_u64 << NEAR_BITS;
         let mut bases = std::collections::HashSet::new();
         for first in (0..100).map(|n| (1_000 + n) * block) {
