@@ -44,8 +44,8 @@ pub(crate) fn near_hash(block: u64, near: u32) -> u32 {
 }
 
 /// A [`BuildHasher`] for maps keyed by ids, or by tuples of integers that end in an id:
-/// keys that differ only in the low [`NEAR_BITS`] bits of the last integer they hash lie in
-/// one run of buckets. Seeded per map, as `foldhash`'s `RandomState` is.
+/// keys that differ only in the low six bits (`NEAR_BITS`) of the last integer they hash
+/// lie in one run of buckets. Seeded per map, as `foldhash`'s `RandomState` is.
 #[derive(Debug, Clone, Default)]
 pub struct NearIds(foldhash::fast::RandomState);
 
