@@ -106,9 +106,8 @@ impl Hasher for NearHasher {
         };
         let mut block = self.block.clone();
         block.write_u64(last >> NEAR_BITS);
-        // The mask keeps the low bits alone: the cast cannot cut anything off.
-        #[allow(clippy::cast_possible_truncation)]
-        let near = (last & u64::from(NEAR_MASK)) as u32;
+        // Masked to six bits, it always fits.
+        let near = u32::try_from(last & u64::from(NEAR_MASK)).unwrap_or_default();
         placed(near_hash(block.finish(), near))
     }
 }
