@@ -112,6 +112,47 @@ impl Hasher for NearHasher {
     }
 }
 
+/// Asserts that `placed_id`, the 64-bit hash a table places a key ending in id `id` by, puts
+/// neighbouring ids side by side: in a table of 2^20 buckets, each run of `2^NEAR_BITS` ids
+/// starts on a multiple of its length and takes consecutive buckets in id order, with tags
+/// (the top seven bits) of its own; and 100 runs lie (almost) all apart and spread over more
+/// than their width, as a seeded hash of the rest of the key puts them, where the ids alone
+/// would put each run on the next.
+#[cfg(test)]
+pub(crate) fn assert_neighbouring_ids_lie_side_by_side(placed_id: impl Fn(u64) -> u64) {
+    use std::collections::HashSet;
+    let bucket = |id: u64| placed_id(id) & ((1 << 20) - 1);
+    let block = 1_u64 << NEAR_BITS;
+    let mut starts = HashSet::new();
+    for first in (0..100).map(|run| (1_000 + run) * block) {
+        let start = bucket(first);
+        assert_eq!(start % block, 0, "the run of id {first} starts mid-run");
+        for id in first..first + block {
+            assert_eq!(
+                bucket(id),
+                start + (id - first),
+                "id {id} is not beside its run"
+            );
+        }
+        let tags: HashSet<u64> = (first..first + block)
+            .map(|id| placed_id(id) >> 57)
+            .collect();
+        assert_eq!(
+            tags.len() as u64,
+            block,
+            "two ids of the run of {first} share a tag"
+        );
+        starts.insert(start);
+    }
+    assert!(starts.len() >= 90, "{} distinct runs of 100", starts.len());
+    let spread =
+        starts.iter().max().copied().unwrap_or(0) - starts.iter().min().copied().unwrap_or(0);
+    assert!(
+        spread > 100 * block,
+        "runs lie {spread} buckets apart at most"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, HashMap, HashSet};
@@ -129,34 +170,7 @@ mod tests {
     #[test]
     fn neighbouring_ids_lie_side_by_side() {
         let state = NearIds::default();
-        let buckets = (1_u64 << 20) - 1;
-        let block = 1_i64 << NEAR_BITS;
-        let mut starts = HashSet::new();
-        for run in 0..100_i64 {
-            let first = 1_000_000 + run * block;
-            let start = hash_of(&state, first) & buckets;
-            assert_eq!(start % block.cast_unsigned(), 0, "run {run} starts mid-run");
-            let tags: HashSet<u64> = (first..first + block)
-                .map(|id| hash_of(&state, id) >> 57)
-                .collect();
-            assert_eq!(tags.len(), 64, "run {run}: two ids share a tag");
-            for (offset, id) in (first..first + block).enumerate() {
-                let bucket = hash_of(&state, id) & buckets;
-                assert_eq!(
-                    bucket,
-                    start + offset as u64,
-                    "id {id} is not beside its run"
-                );
-            }
-            starts.insert(start);
-        }
-        assert!(
-            starts.len() >= 90,
-            "runs of ids share places: {}",
-            starts.len()
-        );
-        let spread = starts.iter().max().unwrap_or(&0) - starts.iter().min().unwrap_or(&0);
-        assert!(spread > 100 * 64, "runs of ids are not spread: {spread}");
+        assert_neighbouring_ids_lie_side_by_side(|id| hash_of(&state, id.cast_signed()));
     }
 
     /// In a tuple, only the last integer is split: keys whose first integers differ in

@@ -118,14 +118,9 @@ impl<V: Copy> Slots<V> {
     }
 
     /// A key's 32-bit hash: its block's hash in the high bits and its near bits, the low
-    /// [`NEAR_BITS`](crate::kv::near::NEAR_BITS) bits of its last byte, in the low ones. A key's
-    /// block is the key with those bits cleared: up to `2^NEAR_BITS` keys that differ only in them.
-    /// A catalog key ends in a big-endian id, and a bulk write stages new ids in order (the
-    /// data-file index's keys are the id alone), so a run of them is staged a block at a time: one
-    /// run of the table's buckets, rather than a random cache line and page per key. The block's
-    /// hash is seeded, as every hash here, so where a block lies cannot be chosen from outside; and
-    /// a block holds at most `2^NEAR_BITS` keys, each with a bucket of its own, so no input crowds
-    /// more keys onto one bucket than random hashing would.
+    /// bits of its last byte, in the low ones. A key's block is the key with those bits
+    /// cleared. A catalog key ends in a big-endian id, so keys of neighbouring ids lie side
+    /// by side; why no input can crowd a bucket is in [`crate::kv::near`].
     fn hash(&self, key: &[u8]) -> u32 {
         use std::hash::Hasher as _;
         let mut hasher = self.state.build_hasher();
@@ -302,7 +297,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::kv::near::NEAR_BITS;
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -419,29 +413,8 @@ mod tests {
     fn neighbouring_ids_are_placed_side_by_side() {
         let slots: Slots<u32> = Slots::default();
         let key = |id: u64| [b"catalog".as_slice(), &id.to_be_bytes()].concat();
-        // The bucket and the tag of a table of 2^20 buckets, as hashbrown takes them.
-        let bucket = |id: u64| placed(slots.hash(&key(id))) & ((1 << 20) - 1);
-        let tag = |id: u64| placed(slots.hash(&key(id))) >> 57;
-        let block = 1_u64 << NEAR_BITS;
-        let mut bases = std::collections::HashSet::new();
-        for first in (0..100).map(|n| (1_000 + n) * block) {
-            let base = bucket(first);
-            assert_eq!(base % block, 0, "a run starts on a multiple of its length");
-            for id in first..first + block {
-                assert_eq!(bucket(id), base + (id - first), "id {id}");
-            }
-            let tags: std::collections::HashSet<u64> = (first..first + block).map(tag).collect();
-            assert_eq!(tags.len() as u64, block, "a run's keys share no tag");
-            bases.insert(base);
-        }
-        // 100 runs in 2^14 places: a seeded hash puts them (almost) all apart, where the
-        // ids alone would put each on the next.
-        assert!(bases.len() >= 90, "{} distinct runs of 100", bases.len());
-        let spread =
-            bases.iter().max().copied().unwrap_or(0) - bases.iter().min().copied().unwrap_or(0);
-        assert!(
-            spread > 100 * block,
-            "runs lie {spread} buckets apart at most"
-        );
+        crate::kv::near::assert_neighbouring_ids_lie_side_by_side(|id| {
+            placed(slots.hash(&key(id)))
+        });
     }
 }
