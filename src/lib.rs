@@ -49,6 +49,7 @@ pub(crate) mod batch;
 pub mod catalog;
 pub mod client;
 pub mod clock;
+pub mod coalesce;
 pub mod codec;
 pub mod config;
 pub mod error;

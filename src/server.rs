@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures::TryStreamExt as _;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -12,6 +13,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::auth::Authenticator;
 use crate::catalog::Catalog;
 use crate::clock::Clock;
+use crate::coalesce::Coalescing;
 use crate::codec::{KeyPrefix, Keyspace};
 use crate::config::{ImportConfig, ImportMode, ServeConfig};
 use crate::error::{Error, Result};
@@ -362,7 +364,10 @@ pub async fn start_secured(
         let served = match tls {
             Some(tls) => {
                 router
-                    .serve_with_incoming_shutdown(TlsIncoming::new(listener, tls), stop)
+                    .serve_with_incoming_shutdown(
+                        TlsIncoming::new(listener, tls).map_ok(Coalescing::new),
+                        stop,
+                    )
                     .await
             }
             // Without TCP_NODELAY every small reply waits out delayed ACKs (about 40 ms a
@@ -370,7 +375,9 @@ pub async fn start_secured(
             None => {
                 router
                     .serve_with_incoming_shutdown(
-                        TcpIncoming::from(listener).with_nodelay(Some(true)),
+                        TcpIncoming::from(listener)
+                            .with_nodelay(Some(true))
+                            .map_ok(Coalescing::new),
                         stop,
                     )
                     .await
