@@ -65,21 +65,24 @@ impl<T: AsyncWrite + Unpin> Coalescing<T> {
     }
 
     /// Takes `data` (`len` bytes in all): held, after what is held is sent if that has
-    /// reached [`COALESCE_BYTES`]; or, when nothing is held and `data` alone is that large,
-    /// written to `inner` straight away.
+    /// reached [`COALESCE_BYTES`]; or, when `data` alone is that large, written to `inner`
+    /// straight away, after what is held. So at most twice [`COALESCE_BYTES`] are held,
+    /// in a buffer allocated once for as long as the connection keeps writing.
     fn poll_take(
         &mut self,
         cx: &mut Context<'_>,
         data: &[IoSlice<'_>],
         len: usize,
     ) -> Poll<io::Result<usize>> {
-        if self.held.len() >= COALESCE_BYTES {
+        if self.held.len() >= COALESCE_BYTES || len >= COALESCE_BYTES {
             ready!(self.poll_send(cx))?;
         }
-        if self.held.is_empty() && len >= COALESCE_BYTES {
+        if len >= COALESCE_BYTES {
             return Pin::new(&mut self.inner).poll_write_vectored(cx, data);
         }
-        self.held.reserve(len);
+        if self.held.capacity() == 0 {
+            self.held.reserve_exact(2 * COALESCE_BYTES);
+        }
         for slice in data {
             self.held.extend_from_slice(slice);
         }
@@ -315,6 +318,27 @@ mod tests {
         assert_eq!(stream.get_ref().writes, 1);
         assert!(stream.held.capacity() == 0, "nothing was copied");
         assert_eq!(readable(&mut peer), big);
+    }
+
+    #[tokio::test]
+    async fn a_large_write_goes_after_what_is_held() {
+        let (mut stream, mut peer) = pipe();
+        stream
+            .write_all(b"head")
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+        let big = vec![9_u8; COALESCE_BYTES];
+        stream
+            .write_all(&big)
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(
+            stream.get_ref().writes,
+            2,
+            "what was held, then the large write"
+        );
+        assert!(stream.held.capacity() <= 2 * COALESCE_BYTES);
+        assert_eq!(readable(&mut peer), [&b"head"[..], &big].concat());
     }
 
     #[tokio::test]
