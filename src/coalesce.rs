@@ -1,7 +1,7 @@
 //! A connection's writes gathered into fewer, larger socket writes.
 //!
-//! HTTP/2 caps a DATA frame at the size the peer accepts, and gRPC clients accept 16 KiB
-//! (grpc-go, which ADBC's Flight SQL driver uses, never raises it). The `h2` crate hands the
+//! HTTP/2 caps a DATA frame at the size the peer accepts, 16 KiB unless the peer asks for
+//! more, which grpc-go (ADBC's Flight SQL driver) does not. The `h2` crate hands the
 //! socket one DATA frame at a time and flushes after each, so a streamed read of 80 MB took
 //! about five thousand `writev` calls, each with its own pass through the TCP stack (on
 //! loopback, the receiver's side of it too). [`Coalescing`] copies what the connection writes
@@ -232,6 +232,14 @@ mod tests {
         }
     }
 
+    /// Writes all of `data` (held or sent, as the stream decides).
+    async fn put(stream: &mut Coalescing<Counted>, data: &[u8]) {
+        stream
+            .write_all(data)
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+    }
+
     /// One `poll_flush`, as a connection's task makes it, with `counter` as its waker.
     fn flush_once(stream: &mut Coalescing<Counted>, counter: &Arc<Wakes>) -> Poll<io::Result<()>> {
         let waker = std::task::Waker::from(Arc::clone(counter));
@@ -244,10 +252,7 @@ mod tests {
         let wakes = Arc::new(Wakes::default());
         let frames: Vec<Vec<u8>> = (0_u8..40).map(|i| vec![i; 16 << 10]).collect();
         for frame in &frames {
-            stream
-                .write_all(frame)
-                .await
-                .unwrap_or_else(|err| panic!("{err}"));
+            put(&mut stream, frame).await;
             // What h2 does after each DATA frame: the flush is answered, the bytes held.
             assert!(matches!(
                 flush_once(&mut stream, &wakes),
@@ -276,10 +281,7 @@ mod tests {
     async fn a_lone_reply_goes_out_at_the_second_flush() {
         let (mut stream, mut peer) = pipe();
         let wakes = Arc::new(Wakes::default());
-        stream
-            .write_all(b"reply")
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+        put(&mut stream, b"reply").await;
         assert!(matches!(
             flush_once(&mut stream, &wakes),
             Poll::Ready(Ok(()))
@@ -297,10 +299,7 @@ mod tests {
         );
         assert_eq!(readable(&mut peer), b"reply");
         // `flush` polls until done: what a caller that awaits it sees.
-        stream
-            .write_all(b"second")
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+        put(&mut stream, b"second").await;
         stream.flush().await.unwrap_or_else(|err| panic!("{err}"));
         assert!(readable(&mut peer).is_empty());
         stream.flush().await.unwrap_or_else(|err| panic!("{err}"));
@@ -311,10 +310,7 @@ mod tests {
     async fn a_large_write_with_nothing_held_is_not_copied() {
         let (mut stream, mut peer) = pipe();
         let big = vec![7_u8; 2 * COALESCE_BYTES];
-        stream
-            .write_all(&big)
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+        put(&mut stream, &big).await;
         assert_eq!(stream.get_ref().writes, 1);
         assert!(stream.held.capacity() == 0, "nothing was copied");
         assert_eq!(readable(&mut peer), big);
@@ -323,15 +319,9 @@ mod tests {
     #[tokio::test]
     async fn a_large_write_goes_after_what_is_held() {
         let (mut stream, mut peer) = pipe();
-        stream
-            .write_all(b"head")
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+        put(&mut stream, b"head").await;
         let big = vec![9_u8; COALESCE_BYTES];
-        stream
-            .write_all(&big)
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+        put(&mut stream, &big).await;
         assert_eq!(
             stream.get_ref().writes,
             2,
@@ -344,10 +334,7 @@ mod tests {
     #[tokio::test]
     async fn shutdown_sends_what_is_held() {
         let (mut stream, mut peer) = pipe();
-        stream
-            .write_all(b"last words")
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+        put(&mut stream, b"last words").await;
         stream
             .shutdown()
             .await
