@@ -42,11 +42,6 @@ impl<T> Coalescing<T> {
             fresh: false,
         }
     }
-
-    /// The stream underneath.
-    pub fn get_ref(&self) -> &T {
-        &self.inner
-    }
 }
 
 impl<T: AsyncWrite + Unpin> Coalescing<T> {
@@ -261,7 +256,7 @@ mod tests {
         }
         // 640 KiB in 16 KiB frames: sent in writes of `COALESCE_BYTES`, as each buffer
         // fills, and the rest held until the connection, woken, flushes with nothing new.
-        assert_eq!(stream.get_ref().writes, 2, "two full buffers sent");
+        assert_eq!(stream.inner.writes, 2, "two full buffers sent");
         let early = readable(&mut peer);
         assert_eq!(early.len(), 2 * COALESCE_BYTES);
         assert!(
@@ -272,7 +267,7 @@ mod tests {
             flush_once(&mut stream, &wakes),
             Poll::Ready(Ok(()))
         ));
-        assert_eq!(stream.get_ref().writes, 3);
+        assert_eq!(stream.inner.writes, 3);
         let late = readable(&mut peer);
         assert_eq!([early, late].concat(), frames.concat());
     }
@@ -311,7 +306,7 @@ mod tests {
         let (mut stream, mut peer) = pipe();
         let big = vec![7_u8; 2 * COALESCE_BYTES];
         put(&mut stream, &big).await;
-        assert_eq!(stream.get_ref().writes, 1);
+        assert_eq!(stream.inner.writes, 1);
         assert!(stream.held.capacity() == 0, "nothing was copied");
         assert_eq!(readable(&mut peer), big);
     }
@@ -323,8 +318,7 @@ mod tests {
         let big = vec![9_u8; COALESCE_BYTES];
         put(&mut stream, &big).await;
         assert_eq!(
-            stream.get_ref().writes,
-            2,
+            stream.inner.writes, 2,
             "what was held, then the large write"
         );
         assert!(stream.held.capacity() <= 2 * COALESCE_BYTES);

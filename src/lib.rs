@@ -49,7 +49,7 @@ pub(crate) mod batch;
 pub mod catalog;
 pub mod client;
 pub mod clock;
-pub mod coalesce;
+pub(crate) mod coalesce;
 pub mod codec;
 pub mod config;
 pub mod error;
