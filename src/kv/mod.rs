@@ -38,7 +38,7 @@ pub use digest::{Digest, Digester};
 pub use divide::{Divided, Division};
 pub use near::NearIds;
 pub use page::{KvPair, Page, PageSize};
-pub use staged::{Prior, RangeRequirement, Requirement, Staged, StagedWrites, Undo};
+pub use staged::{KeyOrder, Prior, RangeRequirement, Requirement, Staged, StagedWrites, Undo};
 pub use write_set::{Mutation, WriteSet};
 
 use crate::key_range::hex;
@@ -292,9 +292,24 @@ pub trait KvBackend: Send + Sync + 'static {
     async fn snapshot(&self) -> Result<Arc<dyn KvSnapshot>, KvError>;
 
     /// Applies `writes` atomically: every requirement holds and every write lands, or nothing
-    /// does. `writes` is sorted by key, one entry per key, already checked against the limits.
+    /// does. `writes` holds one entry per key, already checked against the limits, and is
+    /// sealed (in key order) unless the backend [orders writes](Self::orders_writes) itself.
     async fn commit(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError>;
+
+    /// Whether [`commit`](Self::commit) takes a large transaction's writes unsealed and
+    /// seals them itself, beside work of its own that does not need them in order (the
+    /// embedded store's log write). Otherwise the store seals them before handing them over.
+    fn orders_writes(&self) -> bool {
+        false
+    }
 }
+
+/// From how many unsealed keys a commit's writes go to a backend that
+/// [orders writes](KvBackend::orders_writes) unsealed (a bulk load's: its seal took about as
+/// long as the log write it now runs beside). Smaller writes are sealed by the committing
+/// task, where concurrent commits seal theirs at once, not one after another on the
+/// backend's writer thread.
+const SEAL_BESIDE_FROM: usize = 1 << 14;
 
 /// The store: one backend behind the limits and write-set rules every backend shares.
 #[derive(Clone)]
@@ -364,10 +379,18 @@ impl Store {
     ///
     /// # Errors
     /// As [`commit`](Self::commit).
-    pub async fn commit_staged(&self, writes: Arc<StagedWrites>) -> Result<CommitOutcome, KvError> {
+    pub async fn commit_staged(
+        &self,
+        mut writes: Arc<StagedWrites>,
+    ) -> Result<CommitOutcome, KvError> {
         writes.check(&self.limits)?;
         if writes.is_empty() {
             return Ok(CommitOutcome::Committed);
+        }
+        let beside = self.backend.orders_writes() && writes.unsealed() >= SEAL_BESIDE_FROM;
+        if !writes.is_sealed() && !beside {
+            // Copied first only if a view of the transaction still shares them.
+            Arc::make_mut(&mut writes).seal();
         }
         let started = std::time::Instant::now();
         let outcome = self.backend.commit(writes).await;

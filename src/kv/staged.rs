@@ -527,7 +527,7 @@ const LSD_PASSES: usize = 6;
 
 /// From how many heads the parts of a split are sorted on two threads. A seal that large is
 /// a commit's (or a view's) of a bulk load, which its client waits for with nothing else to
-/// do, so that the second core is free.
+/// do, so that the second core is free (for a commit, but for the log write beside it).
 const PARALLEL_FROM: usize = 1 << 16;
 
 /// Sorts the `parts` (start and end, past `offset`) of `items` by [`sort_packed`].
@@ -705,6 +705,12 @@ pub struct StagedWrites {
     read_at: Option<u64>,
 }
 
+/// The key order of staged writes, worked out apart from them ([`StagedWrites::order_to_seal`]).
+#[derive(Debug)]
+pub struct KeyOrder {
+    positions: Vec<usize>,
+}
+
 /// The same keys in the same states, the same range requirements, read at the same version:
 /// whatever order the keys were staged in and whether or not they are sealed.
 impl PartialEq for StagedWrites {
@@ -764,17 +770,40 @@ impl StagedWrites {
     /// merged with the keys already in order. Costs the new keys' sort and one pass over the
     /// order; nothing when nothing was staged since.
     pub fn seal(&mut self) {
+        if let Some(order) = self.order_to_seal() {
+            self.seal_with(order);
+        }
+    }
+
+    /// The key order [`seal`](Self::seal) would bring the writes to, worked out without
+    /// changing them, so that it can be done while something else reads them (a backend's
+    /// log write); [`seal_with`](Self::seal_with) then seals them with it at no further cost.
+    /// `None` when they are sealed.
+    #[must_use]
+    pub fn order_to_seal(&self) -> Option<KeyOrder> {
         if self.is_sealed() {
-            return;
+            return None;
         }
         let entries = &self.entries;
         let fresh = sorted_positions(entries, self.sealed..entries.len());
-        self.order = if self.order.is_empty() {
+        let positions = if self.order.is_empty() {
             fresh
         } else {
             merge_positions(entries, &self.order, fresh)
         };
-        self.sealed = self.entries.len();
+        Some(KeyOrder { positions })
+    }
+
+    /// Seals the writes with `order`, which [`order_to_seal`](Self::order_to_seal) worked out
+    /// from them as they are. An order that does not cover them (they changed since, or it is
+    /// another's) is set aside, and they are sealed afresh.
+    pub fn seal_with(&mut self, order: KeyOrder) {
+        if order.positions.len() == self.entries.len() {
+            self.order = order.positions;
+            self.sealed = self.entries.len();
+        } else {
+            self.seal();
+        }
     }
 
     /// Positions of the entries whose keys are in `range`, in key order: a part of the key

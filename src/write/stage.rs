@@ -1342,7 +1342,8 @@ impl Staging {
                 writes.require_present(&key, undo)?;
             }
         }
-        self.seal();
+        // Not sealed here: the store seals them as it commits, beside its own work when its
+        // backend can ([`crate::kv::KvBackend::orders_writes`]).
         Ok((self.writes, self.affected, self.summary))
     }
 

@@ -27,14 +27,11 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-/// A group's commits are checked one after another against what the ones before them
-/// left, so a group ends as if they had been committed in turn.
-#[test]
-fn a_group_ends_as_its_commits_would_one_after_another() {
-    let dir = tempfile::tempdir().expect("dir");
-    let db = Arc::new(Database::create(dir.path().join(FILE_NAME)).expect("db"));
-    let (log, _, _) = recover(&db, dir.path(), &RedbOptions::default()).expect("tables and log");
-    let mut writer = Writer::start(
+/// A writer thread over a fresh store in `dir`, and the store's file.
+fn writer_in(dir: &Path) -> (Arc<Database>, Writer) {
+    let db = Arc::new(Database::create(dir.join(FILE_NAME)).expect("db"));
+    let (log, _, _) = recover(&db, dir, &RedbOptions::default()).expect("tables and log");
+    let writer = Writer::start(
         Arc::clone(&db),
         log,
         0,
@@ -43,6 +40,38 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
         Unapplied::default(),
     )
     .expect("writer");
+    (db, writer)
+}
+
+/// Commits `requests` as one group, waits until the applier has put it in the file (made
+/// durable without emptying the log), and returns each commit's outcome.
+fn commit_and_apply(
+    writer: &mut Writer,
+    requests: impl IntoIterator<Item = Arc<StagedWrites>>,
+) -> Vec<CommitOutcome> {
+    let mut answers = Vec::new();
+    let group = requests
+        .into_iter()
+        .map(|writes| {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            answers.push(answer);
+            Request { writes, reply }
+        })
+        .collect();
+    writer.commit_group(group);
+    writer.applier.checkpoint().expect("applied");
+    answers
+        .into_iter()
+        .map(|mut answer| answer.try_recv().expect("answered").expect("no error"))
+        .collect()
+}
+
+/// A group's commits are checked one after another against what the ones before them
+/// left, so a group ends as if they had been committed in turn.
+#[test]
+fn a_group_ends_as_its_commits_would_one_after_another() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (db, mut writer) = writer_in(dir.path());
     let requests = [
         staged(|w| {
             w.insert(&b"k"[..], &b"first"[..]).put(&b"a"[..], &b"1"[..]);
@@ -63,22 +92,7 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
             w.require_present(&b"a"[..]).put(&b"d"[..], &b"4"[..]);
         }),
     ];
-    let mut answers = Vec::new();
-    let group = requests
-        .into_iter()
-        .map(|writes| {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            answers.push(answer);
-            Request { writes, reply }
-        })
-        .collect();
-    writer.commit_group(group);
-    // Applied by the applier thread; made durable without emptying the log.
-    writer.applier.checkpoint().expect("applied");
-    let outcomes: Vec<_> = answers
-        .into_iter()
-        .map(|mut answer| answer.try_recv().expect("answered").expect("no error"))
-        .collect();
+    let outcomes = commit_and_apply(&mut writer, requests);
     assert_eq!(
         outcomes,
         vec![
@@ -104,6 +118,133 @@ fn a_group_ends_as_its_commits_would_one_after_another() {
             (b"c".to_vec(), Some(b"3".to_vec())),
         ]
     );
+}
+
+/// Writes staged in an order of their own, unsealed, as a large transaction reaches a
+/// backend that [orders writes](KvBackend::orders_writes): `(key, value)`, `None` deleting.
+fn unsealed(writes: &[(String, Option<&str>)]) -> Arc<StagedWrites> {
+    let mut staged = StagedWrites::new();
+    let mut undo = crate::kv::Undo::off();
+    for (key, value) in writes {
+        match value {
+            Some(value) => staged.put(key, value, &mut undo),
+            None => staged.delete(key, &mut undo),
+        }
+        .expect("staged");
+    }
+    assert!(!staged.is_sealed());
+    Arc::new(staged)
+}
+
+/// Keys `prefix00000` to `prefix{n-1}`, staged from the last, each with value `value`.
+fn descending(prefix: &str, n: usize, value: &'static str) -> Vec<(String, Option<&'static str>)> {
+    (0..n)
+        .rev()
+        .map(|i| (format!("{prefix}{i:05}"), Some(value)))
+        .collect()
+}
+
+/// A group's writes that came unsealed are in key order once it is logged (those of the
+/// writer's own thread and those sealed beside the log write alike), and the log holds each
+/// commit's writes in the order they were staged.
+#[test]
+fn a_group_is_logged_and_sealed_together() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = Database::create(dir.path().join(FILE_NAME)).expect("db");
+    let (mut log, _, _) = recover(&db, dir.path(), &RedbOptions::default()).expect("log");
+    let large = descending("u", 3_000, "1");
+    let small = vec![("b".to_owned(), Some("2")), ("a".to_owned(), None)];
+    let mut group: Vec<Request> = [
+        unsealed(&large),
+        staged(|w| {
+            w.put(&b"s"[..], &b"3"[..]);
+        }),
+        unsealed(&small),
+    ]
+    .into_iter()
+    .map(|writes| Request {
+        writes,
+        reply: tokio::sync::oneshot::channel().0,
+    })
+    .collect();
+    log_and_seal(&mut log, 7, &mut group).expect("logged");
+    for request in &group {
+        assert!(request.writes.is_sealed());
+        let keys: Vec<&[u8]> = request.writes.iter().map(|(key, _)| key).collect();
+        assert!(keys.is_sorted(), "{} keys out of order", keys.len());
+    }
+    drop(log);
+    let (_, records) = log::tests::read(dir.path());
+    let logged: Vec<(Vec<u8>, Option<Vec<u8>>)> = large
+        .iter()
+        .map(|(key, value)| (key.as_str(), *value))
+        .chain([("s", Some("3"))])
+        .chain(small.iter().map(|(key, value)| (key.as_str(), *value)))
+        .map(|(key, value)| {
+            (
+                key.as_bytes().to_vec(),
+                value.map(|v| v.as_bytes().to_vec()),
+            )
+        })
+        .collect();
+    assert_eq!(records, vec![(7, logged)]);
+}
+
+/// A group of unsealed commits ends as the same commits sealed would: a commit checked
+/// against an unsealed one before it in the group sees its writes (the conflict and the
+/// requirement met below), and the file holds what the accepted ones wrote.
+#[test]
+fn unsealed_commits_end_as_sealed_ones_would() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (db, mut writer) = writer_in(dir.path());
+    let first = descending("u", 2_000, "1");
+    let mut inserting = StagedWrites::new();
+    let mut undo = crate::kv::Undo::off();
+    inserting
+        .insert(b"u00010", b"again", &mut undo)
+        .expect("staged");
+    inserting.put(b"x", b"lost", &mut undo).expect("staged");
+    let mut requiring = StagedWrites::new();
+    requiring
+        .require_present(b"u00007", &mut undo)
+        .expect("staged");
+    requiring.delete(b"u00007", &mut undo).expect("staged");
+    requiring.put(b"y", b"2", &mut undo).expect("staged");
+    let last = descending("w", 2_000, "3");
+    let requests = [
+        unsealed(&first),
+        // Conflicts with the first: nothing of it is written.
+        Arc::new(inserting),
+        // Requires what the first wrote, and deletes it.
+        Arc::new(requiring),
+        unsealed(&last),
+    ];
+    let outcomes = commit_and_apply(&mut writer, requests);
+    assert_eq!(
+        outcomes,
+        vec![
+            CommitOutcome::Committed,
+            CommitOutcome::Conflict(Conflict::AlreadyExists {
+                key: b"u00010".to_vec()
+            }),
+            CommitOutcome::Committed,
+            CommitOutcome::Committed,
+        ]
+    );
+    let mut expected: Vec<(Vec<u8>, Vec<u8>)> = first
+        .iter()
+        .chain(&last)
+        .filter(|(key, _)| key != "u00007")
+        .map(|(key, value)| {
+            (
+                key.as_bytes().to_vec(),
+                value.unwrap_or_default().as_bytes().to_vec(),
+            )
+        })
+        .chain([(b"y".to_vec(), b"2".to_vec())])
+        .collect();
+    expected.sort();
+    assert_eq!(contents(&db), expected);
 }
 
 /// A group is acknowledged before its writes reach the file; a snapshot taken meanwhile

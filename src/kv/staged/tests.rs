@@ -276,6 +276,44 @@ proptest::proptest! {
     }
 }
 
+/// An order worked out apart from the writes seals them as `seal` does, and leaves nothing
+/// to seal; one that no longer covers them (worked out before another key was staged) is set
+/// aside, and they are sealed afresh.
+#[test]
+fn an_order_worked_out_apart_seals_as_seal_does() {
+    let mut staged = StagedWrites::new();
+    let mut undo = Undo::off();
+    for key in ["e", "c", "i"] {
+        staged.put(b(key), b("v"), &mut undo).expect("put");
+    }
+    staged.seal();
+    for key in ["a", "g", "d"] {
+        staged.put(b(key), b("v"), &mut undo).expect("put");
+    }
+    let keys = |staged: &StagedWrites| -> Vec<Vec<u8>> {
+        staged
+            .order
+            .iter()
+            .filter_map(|&at| staged.key_at(at))
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    let mut sealed = staged.clone();
+    sealed.seal();
+    let mut apart = staged.clone();
+    apart.seal_with(staged.order_to_seal().expect("unsealed keys"));
+    assert!(apart.is_sealed());
+    assert_eq!(apart.order, sealed.order);
+    assert_eq!(keys(&apart), ["a", "c", "d", "e", "g", "i"].map(b));
+    assert!(apart.order_to_seal().is_none());
+
+    let stale = staged.order_to_seal().expect("unsealed keys");
+    staged.put(b("b"), b("v"), &mut undo).expect("put");
+    staged.seal_with(stale);
+    assert!(staged.is_sealed());
+    assert_eq!(keys(&staged), ["a", "b", "c", "d", "e", "g", "i"].map(b));
+}
+
 /// `insert_new` says where it staged a key, and `rewrite_at` reaches that key there: after
 /// other keys are staged and sealed, and after the key is deleted and inserted again. A
 /// place a taken-back change had created holds no key until one is staged there again.
