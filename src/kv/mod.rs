@@ -388,9 +388,8 @@ impl Store {
             return Ok(CommitOutcome::Committed);
         }
         let beside = self.backend.orders_writes() && writes.unsealed() >= SEAL_BESIDE_FROM;
-        if !writes.is_sealed() && !beside {
-            // Copied first only if a view of the transaction still shares them.
-            Arc::make_mut(&mut writes).seal();
+        if !beside {
+            StagedWrites::seal_shared(&mut writes);
         }
         let started = std::time::Instant::now();
         let outcome = self.backend.commit(writes).await;

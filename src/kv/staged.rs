@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::mem;
 use std::ops::Bound;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use self::arena::{Mark, Span};
 use self::slots::{Full, Hash, Lookup, Slots};
@@ -772,6 +772,14 @@ impl StagedWrites {
     pub fn seal(&mut self) {
         if let Some(order) = self.order_to_seal() {
             self.seal_with(order);
+        }
+    }
+
+    /// Seals `writes` unless they are sealed, copying them first only if another handle (a view
+    /// of the transaction) still shares them.
+    pub fn seal_shared(writes: &mut Arc<StagedWrites>) {
+        if !writes.is_sealed() {
+            Arc::make_mut(writes).seal();
         }
     }
 

@@ -235,9 +235,7 @@ impl Staging {
 
     /// Puts the keys staged since the last time in key order ([`StagedWrites::seal`]).
     fn seal(&mut self) {
-        if !self.writes.is_sealed() {
-            Arc::make_mut(&mut self.writes).seal();
-        }
+        StagedWrites::seal_shared(&mut self.writes);
     }
 
     /// The staged writes.

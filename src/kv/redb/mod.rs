@@ -710,7 +710,7 @@ impl Writer {
             // write when it is the group's last; one that later requests are checked against
             // is sealed now, so that their checks read it in order.
             for earlier in &mut accepted {
-                seal(&mut earlier.writes);
+                StagedWrites::seal_shared(&mut earlier.writes);
             }
             // Staged against a version whose requirements nothing since has disturbed:
             // they hold, and the file need not be read for them.
@@ -720,7 +720,7 @@ impl Writer {
             let unmet = if cleared {
                 Ok(None)
             } else {
-                seal(&mut request.writes);
+                StagedWrites::seal_shared(&mut request.writes);
                 let view = match committed.take() {
                     Some(view) => Ok(view),
                     None => Committed::open(&self.db, &self.unapplied),
@@ -795,14 +795,6 @@ impl Writer {
     }
 }
 
-/// Seals `writes`, if they are not (copied first if a view of the transaction still shares
-/// them).
-fn seal(writes: &mut Arc<StagedWrites>) {
-    if !writes.is_sealed() {
-        Arc::make_mut(writes).seal();
-    }
-}
-
 /// Appends the group `accepted` to `log` as record `seq`, and seals its writes. Writes left
 /// unsealed ([`KvBackend::orders_writes`]: a large transaction's) are put in key order on a
 /// thread of their own while the log is written, as neither changes them and the log takes
@@ -833,12 +825,12 @@ fn log_and_seal(log: &mut Log, seq: u64, accepted: &mut [Request]) -> std::io::R
         (appended, orders)
     });
     appended?;
-    // Sealed here what the thread did not (it could not start).
+    // Sealed here what the thread did not (it could not start, or failed).
     let mut orders = orders.unwrap_or_default().into_iter();
     for request in accepted {
         match orders.next().flatten() {
             Some(order) => Arc::make_mut(&mut request.writes).seal_with(order),
-            None => seal(&mut request.writes),
+            None => StagedWrites::seal_shared(&mut request.writes),
         }
     }
     Ok(())
